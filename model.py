@@ -1,0 +1,390 @@
+"""
+A GPT language model with three kinds of residual connection, selected by one flag.
+
+    residual='standard'    h_{l+1} = h_l + f_l(h_l)                    the pre-norm baseline
+    residual='attnres'     h_l = sum_s softmax_s(w_l . RMSNorm(V_s)) V_s   Block Attention Residuals
+    residual='rd_attnres'  the same read twice before attention: one route for Q/K,
+                           one for V (Role-Decoupled Attention Residuals)
+
+plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v).
+Everything else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms,
+rotary position embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
+The technical reference is SPEC.md (§ numbers below point into it).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')
+# modes whose attention sublayer reads the depth sources twice (a Q/K route and a V route)
+TWO_ROUTE_MODES = ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v')
+RMS_EPS = 1e-6
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024         # context length in tokens
+    vocab_size: int = 50304        # GPT-2's 50257 padded up to a multiple of 64 (faster matmuls)
+    n_layer: int = 12              # transformer blocks; each holds 2 sublayers (attention, MLP)
+    n_head: int = 12
+    n_embd: int = 768
+    residual: str = 'standard'     # one of RESIDUAL_MODES
+    attnres_block_size: int = 4    # S: sublayers per AttnRes block (1 = Full AttnRes)
+
+    def __post_init__(self):
+        if self.residual not in RESIDUAL_MODES:
+            raise ValueError(f"unknown residual={self.residual!r}; choose one of {', '.join(RESIDUAL_MODES)}")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.attnres_block_size < 1:
+            raise ValueError(f"attnres_block_size must be >= 1 (1 = Full AttnRes), got {self.attnres_block_size}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if (self.n_embd // self.n_head) % 2 != 0:
+            raise ValueError(f"head dim n_embd/n_head={self.n_embd // self.n_head} must be even for rotary "
+                             "embeddings (they rotate pairs of channels); change n_embd or n_head")
+
+
+# -----------------------------------------------------------------------------
+# The backbone: the same for every residual mode
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * gain, with rms(x) = sqrt(mean(x^2) + eps). No mean subtraction, no bias."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, RMS_EPS)
+
+
+def rotary_tables(block_size, head_dim, base=10000.0):
+    # channel pair i of position t is rotated by the angle t * base^(-2i/head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    # x: (B, n_head, T, head_dim); rotate the pairs (x1[i], x2[i]) made of the two halves of the head
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention. Q and K are computed from one input, V from another, so that
+    RD-AttnRes can feed them from two different depth routes; every other mode passes the same
+    tensor twice and gets ordinary attention."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_qk = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)  # matching: queries and keys
+        self.c_v = nn.Linear(config.n_embd, config.n_embd, bias=False)       # retrieval: values
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x_qk, x_v, cos, sin):
+        B, T, C = x_qk.shape
+        q, k = self.c_qk(x_qk).split(C, dim=2)
+        v = self.c_v(x_v)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k = apply_rotary(q, cos[:T], sin[:T]), apply_rotary(k, cos[:T], sin[:T])
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+# -----------------------------------------------------------------------------
+# The depth read (SPEC §1.2): the heart of AttnRes and RD-AttnRes
+
+def fp32(x):
+    """Upcast bf16/fp16 to float32; float32 and float64 (used by the exactness tests) pass through."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def inverse_rms(x):
+    """1/rms(x) per token, shape (B, T, 1). The key of a source is RMSNorm(x) = x * inverse_rms(x) * gain;
+    folding the gain into the query (below), a source's keys cost one (B, T, 1) tensor, computed once
+    per forward for a finished block and never a normalised copy of the whole (B, T, d) source."""
+    return torch.rsqrt(fp32(x).pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
+
+
+def depth_read(values, inv_rms, queries):
+    """R depth reads over the same S sources at once, one per row of `queries`.
+
+        logit[r, s] = queries[r] . RMSNorm(values[s])        (keys = normalised values; no 1/sqrt(d))
+        alpha[r]    = softmax over s of logit[r]
+        h[r]        = sum_s alpha[r, s] * values[s]           (values are mixed raw)
+
+    values:  list of S tensors (B, T, d), float32
+    inv_rms: list of S tensors (B, T, 1), inverse_rms() of each value
+    queries: (R, d) pseudo-queries with the key-norm gain folded in (w * gain), so that
+             w . (gain * x / rms(x)) = ((w * gain) . x) / rms(x)
+    returns h (R, B, T, d) and alpha (R, B, T, S), both float32.
+    """
+    # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
+    # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
+    with torch.autocast(device_type=values[0].device.type, enabled=False):
+        q = queries.to(values[0].dtype).t()                                               # (d, R)
+        logits = torch.stack([(v @ q) * r for v, r in zip(values, inv_rms)], -1)   # (B, T, R, S)
+        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                         # (R, B, T, S)
+        # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
+        h = sum(alpha[..., s:s + 1] * v for s, v in enumerate(values))            # (R, B, T, d)
+    return h, alpha
+
+
+# -----------------------------------------------------------------------------
+
+class Block(nn.Module):
+    """One transformer block = two sublayers (attention, then MLP), each with its own pre-norm.
+    In the depth-routed modes each sublayer also owns the pseudo-query and key norm of the read
+    that builds its input. All pseudo-queries start at zero: every read starts as a uniform average."""
+
+    def __init__(self, config):
+        super().__init__()
+        d, mode = config.n_embd, config.residual
+        self.residual = mode
+        self.norm_attn = RMSNorm(d)
+        self.attn = CausalSelfAttention(config)
+        self.norm_mlp = RMSNorm(d)
+        self.mlp = MLP(config)
+        if mode == 'standard':
+            return
+        self.attn_query = nn.Parameter(torch.zeros(d))   # w_qk: the (shared) route of queries and keys
+        self.attn_key_norm = RMSNorm(d)
+        self.mlp_query = nn.Parameter(torch.zeros(d))
+        self.mlp_key_norm = RMSNorm(d)
+        if mode == 'rd_attnres':
+            self.value_query = nn.Parameter(torch.zeros(d))             # w_v: the new value route
+        elif mode == 'ctrl_fixed_v':
+            self.register_buffer('value_query', torch.zeros(d))         # frozen at zero: V reads uniformly
+        elif mode == 'ctrl_params':
+            self.attn_input_gain = nn.Parameter(torch.ones(d))          # the extra vector, spent as a gain
+
+    def attn_input(self, values, inv_rms):
+        """Build the attention sublayer's two inputs (for Q/K and for V) from the depth sources.
+        Returns x_qk, x_v (each (B, T, d), pre-normed) and alpha (R, B, T, S) for the diagnostics."""
+        gain = self.attn_key_norm.weight  # one key RMSNorm per read point, shared by both routes
+        if self.residual in ('rd_attnres', 'ctrl_fixed_v'):
+            # RD-AttnRes: two routes over the same sources and keys; both logits in one matmul
+            queries = torch.stack([self.attn_query, self.value_query]) * gain
+        elif self.residual == 'ctrl_dup':
+            # the read executed twice with the same pseudo-query: rd_attnres's cost, attnres's function
+            queries = torch.stack([self.attn_query, self.attn_query]) * gain
+        else:
+            queries = (self.attn_query * gain)[None]      # attnres, ctrl_params: one route for Q, K and V
+        h, alpha = depth_read(values, inv_rms, queries)    # (R, B, T, d)
+        if self.residual == 'ctrl_params':
+            h = h * self.attn_input_gain
+        x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
+        return x[0], x[-1], alpha                          # with one route, Q/K and V read the same x
+
+    def mlp_input(self, values, inv_rms):
+        h, alpha = depth_read(values, inv_rms, (self.mlp_query * self.mlp_key_norm.weight)[None])
+        return self.norm_mlp(h[0]), alpha
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=RMSNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.residual != 'standard':
+            self.final_query = nn.Parameter(torch.zeros(config.n_embd))  # the read after the last sublayer
+            self.final_key_norm = RMSNorm(config.n_embd)
+        cos, sin = rotary_tables(config.block_size, config.n_embd // config.n_head)
+        self.register_buffer('rope_cos', cos, persistent=False)
+        self.register_buffer('rope_sin', sin, persistent=False)
+        # Paired init (SPEC §3): only Linear and Embedding weights draw random numbers, in module order,
+        # and every mode has the same ones in the same order; the extra vectors of a mode are zeros or
+        # ones, so they never shift the random stream and shared weights are bit-identical across modes.
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):  # outputs written into the residual: scaled by depth (GPT-2)
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self.record_routing = False  # set True to keep each read's depth distribution in self.routing
+        self.routing = []
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self):
+        # the tied embedding / LM head is counted once; rotary tables are buffers, not parameters
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def forward(self, idx, targets=None):
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
+        x = self.transformer.wte(idx)
+        if self.config.residual == 'standard':
+            for block in self.transformer.h:
+                a = block.norm_attn(x)
+                x = x + block.attn(a, a, self.rope_cos, self.rope_sin)
+                x = x + block.mlp(block.norm_mlp(x))
+        else:
+            x = self.forward_depth_routed(x)
+        x = self.transformer.ln_f(x)
+        if targets is None:  # inference: only the last position's logits are needed
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def forward_depth_routed(self, embedding):
+        """SPEC §1.2. The sources are *increments*, not running sums:
+            b_0 = the token embedding (a source of its own, never added into a block),
+            b_n = the sum of the outputs of the sublayers of block n (S consecutive sublayers),
+            p   = the partial: the outputs of the current block so far (a source once non-empty).
+        Sublayer l reads [b_0 .. b_{n-1}] (+ p); after the last sublayer one final read over all
+        finished blocks feeds the final norm and the LM head."""
+        S = self.config.attnres_block_size
+        values = [fp32(embedding)]                   # finished sources, kept in float32 like a residual
+        inv_rms = [inverse_rms(values[0])]           # their keys' normalisers, computed once each
+        partial = partial_inv_rms = None
+        self.routing = []
+        for layer, block in enumerate(self.transformer.h):
+            for kind in ('attn', 'mlp'):
+                sublayer = 2 * layer + (kind == 'mlp')
+                if sublayer % S == 0 and partial is not None:   # a new block opens: p is now b_n
+                    values.append(partial)
+                    inv_rms.append(partial_inv_rms)
+                    partial = None
+                sources = values if partial is None else values + [partial]
+                source_inv_rms = inv_rms if partial is None else inv_rms + [partial_inv_rms]
+                if kind == 'attn':
+                    x_qk, x_v, alpha = block.attn_input(sources, source_inv_rms)
+                    out = block.attn(x_qk, x_v, self.rope_cos, self.rope_sin)
+                else:
+                    x, alpha = block.mlp_input(sources, source_inv_rms)
+                    out = block.mlp(x)
+                if self.record_routing:
+                    routes = ('qk', 'v') if alpha.size(0) == 2 else ('qk',) if kind == 'attn' else ('mlp',)
+                    for r, route in enumerate(routes):
+                        self._record(sublayer, layer, route, alpha[r])
+                partial = fp32(out) if partial is None else partial + fp32(out)
+                partial_inv_rms = inverse_rms(partial)
+        values.append(partial)
+        inv_rms.append(partial_inv_rms)
+        h, alpha = depth_read(values, inv_rms, (self.final_query * self.final_key_norm.weight)[None])
+        if self.record_routing:
+            self._record(2 * self.config.n_layer, self.config.n_layer, 'final', alpha[0])
+        return h[0]
+
+    @torch.no_grad()
+    def _record(self, sublayer, layer, route, alpha):
+        # alpha: (B, T, S) depth distribution of every token; keep its mean and its mean entropy
+        alpha = alpha.float()
+        token_entropy = -(alpha * alpha.clamp_min(1e-30).log()).sum(-1).mean()
+        self.routing.append(dict(sublayer=sublayer, layer=layer, route=route,
+                                 alpha=alpha.mean(dim=(0, 1)), token_entropy=token_entropy))
+
+    # ---- training and inference helpers (the nanoGPT surface) ----------------------------------
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        params = [p for p in self.parameters() if p.requires_grad]
+        # Decay the matrices (linear weights, the tied embedding). Never the vectors: decaying a norm
+        # gain drags it to 0, and decaying a pseudo-query drags its read back to the uniform average.
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == 'cuda'))
+
+    def read_points(self):
+        """(sublayer, routes, sources) of every depth read of one forward pass, in order;
+        sublayer 2*n_layer is the final read. Empty for the standard residual."""
+        if self.config.residual == 'standard':
+            return []
+        S, L = self.config.attnres_block_size, 2 * self.config.n_layer
+        two = self.config.residual in TWO_ROUTE_MODES
+        points = [(l, 2 if (two and l % 2 == 0) else 1, 1 + l // S + (l % S != 0)) for l in range(L)]
+        return points + [(L, 1, 1 + math.ceil(L / S))]
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs (forward + backward = 3x forward) per token, depth reads included."""
+        cfg, T = self.config, seq_len or self.config.block_size
+        N, d = self.get_num_params(), cfg.n_embd
+        dense = 6 * N + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
+        # a read over S sources and R routes: R*S dot products of length d (logits) and an R-route
+        # weighted sum of S vectors of length d, 2 FLOPs per multiply-add each
+        reads = sum(4 * d * R * S for _, R, S in self.read_points())
+        return dense + 3 * reads
+
+    def estimate_mfu(self, tokens_per_iter, dt, peak_flops=312e12, seq_len=None):
+        """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default: A100 bf16 dense)."""
+        return self.flops_per_token(seq_len) * tokens_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens tokens after idx (B, T), feeding predictions back in."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / max(temperature, 1e-8)
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float('inf')
+            idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+# -----------------------------------------------------------------------------
+# Routing diagnostics (SPEC §1.5): numbers from the depth distributions of one forward pass
+
+def entropy(p):
+    """Entropy in nats of a distribution over depth sources."""
+    p = p.double()
+    return float(-(p * p.clamp_min(1e-30).log()).sum()) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+def mean_depth(p):
+    """Expected source index: 0 = the embedding, n = block n (the partial counts as the next block)."""
+    return float((p.double() * torch.arange(p.numel(), dtype=torch.float64, device=p.device)).sum())
+
+
+def js_divergence(p, q):
+    """Jensen-Shannon divergence in nats: symmetric, 0 for equal routes, at most ln 2."""
+    m = 0.5 * (p.double() + q.double())
+    return entropy(m) - 0.5 * (entropy(p) + entropy(q))
+
+
+def routing_summary(routing):
+    """Per attention sublayer: QK-vs-V divergence, each route's entropy and mean depth.
+    A mode with one route (attnres, ctrl_params) reads V from the QK route: divergence 0."""
+    by_key = {(r['layer'], r['route']): r for r in routing}
+    rows = []
+    for (layer, route), qk in sorted(by_key.items()):
+        if route != 'qk':
+            continue
+        v = by_key.get((layer, 'v'), qk)
+        rows.append(dict(layer=layer, js_qk_v=js_divergence(qk['alpha'], v['alpha']),
+                         entropy_qk=entropy(qk['alpha']), entropy_v=entropy(v['alpha']),
+                         token_entropy_qk=float(qk['token_entropy']), token_entropy_v=float(v['token_entropy']),
+                         depth_qk=mean_depth(qk['alpha']), depth_v=mean_depth(v['alpha'])))
+    return rows

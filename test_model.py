@@ -1,0 +1,480 @@
+"""
+Tests of model.py, one group per concept (a course can hand them out one group at a time):
+
+  1. tie recovery          rd_attnres with value_query tied to attn_query is attnres
+  2. equal at init         every control and rd_attnres start as attnres
+  3. parameter delta       one model-width vector per attention sublayer
+  4. paired init           shared parameters are bit-identical across all modes for one seed
+  5. reference             an independent, literal implementation of SPEC §1.2 agrees with the model
+  6. causality             no logit depends on a later token
+  7. learning              loss at init ~ ln(vocab); every mode overfits one batch
+  8. routing diagnostics   distributions, source counts, the frozen value route of ctrl_fixed_v
+  9. gradients             every pseudo-query learns, except the first read's (a single source)
+ 10. configuration errors  bad configs say what is allowed
+ 11. numerics and surface  float32 reads under bf16 autocast, optimizer groups, FLOPs, generate, compile
+
+Run: python -m pytest -q test_model.py
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import (GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, inverse_rms, js_divergence,
+                   mean_depth, routing_summary)
+
+VOCAB = 97
+QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query')
+
+
+def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_embd=16,
+                    residual=residual, attnres_block_size=S)
+    return GPT(cfg).to(dtype)
+
+
+def perturb(model, seed=1, scale=1.0):
+    """Random non-zero pseudo-queries and key-norm gains, so that the reads are far from uniform."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.split('.')[-1] in QUERY_NAMES:
+                p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            elif 'key_norm' in name or 'input_gain' in name:
+                p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def batch(B=2, T=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, VOCAB, (B, T + 1), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def copy_shared(src, dst):
+    """Copy every parameter/buffer that both models have from src into dst."""
+    dst_state = dst.state_dict()
+    dst_state.update({k: v for k, v in src.state_dict().items() if k in dst_state})
+    dst.load_state_dict(dst_state)
+
+
+def assert_same_function(a, b, idx, targets, tol=1e-12):
+    la, lossa = a(idx, targets)
+    lb, lossb = b(idx, targets)
+    torch.testing.assert_close(la, lb, rtol=tol, atol=tol)
+    torch.testing.assert_close(lossa, lossb, rtol=tol, atol=tol)
+    return lossa, lossb
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Tie recovery (SPEC §1.3, property 1)
+
+@pytest.mark.parametrize('S', [1, 2, 3])
+def test_tied_value_route_recovers_attnres(S):
+    idx, targets = batch()
+    parent = perturb(make('attnres', S))
+    rd = make('rd_attnres', S)
+    copy_shared(parent, rd)
+    for block in rd.transformer.h:       # tie: the value route *is* the Q/K route (one tensor)
+        block.value_query = block.attn_query
+    loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
+    loss_p.backward()
+    loss_rd.backward()
+    grads_rd = dict(rd.named_parameters())
+    for name, p in parent.named_parameters():
+        torch.testing.assert_close(p.grad, grads_rd[name].grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_value_route_equal_to_qk_route_splits_the_gradient():
+    # the same tie by value, not by identity: the parent's gradient of w_l is the sum of the two routes'
+    idx, targets = batch()
+    parent = perturb(make('attnres'))
+    rd = make('rd_attnres')
+    copy_shared(parent, rd)
+    with torch.no_grad():
+        for block in rd.transformer.h:
+            block.value_query.copy_(block.attn_query)
+    loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
+    loss_p.backward()
+    loss_rd.backward()
+    for layer, (bp, br) in enumerate(zip(parent.transformer.h, rd.transformer.h)):
+        torch.testing.assert_close(bp.attn_query.grad, br.attn_query.grad + br.value_query.grad,
+                                   rtol=1e-10, atol=1e-12)
+        assert layer == 0 or br.value_query.grad.abs().max() > 0  # layer 0 reads one source only
+
+
+def test_untied_value_route_changes_the_function():
+    # the converse: a different value route is a different model (otherwise the tests above prove nothing)
+    idx, targets = batch()
+    parent = perturb(make('attnres'))
+    rd = make('rd_attnres')
+    copy_shared(parent, rd)
+    perturb(rd, seed=7)
+    with torch.no_grad():
+        for bp, br in zip(parent.transformer.h, rd.transformer.h):
+            br.attn_query.copy_(bp.attn_query)
+    assert (parent(idx, targets)[1] - rd(idx, targets)[1]).abs() > 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Equal at init (property 2), and ctrl_dup equal always
+
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params'])
+def test_modes_equal_attnres_at_init(mode):
+    idx, targets = batch()
+    assert_same_function(make('attnres'), make(mode), idx, targets)
+
+
+def test_ctrl_dup_equals_attnres_after_perturbation():
+    idx, targets = batch()
+    parent = perturb(make('attnres'))
+    dup = make('ctrl_dup')
+    copy_shared(parent, dup)
+    assert_same_function(parent, dup, idx, targets)
+
+
+def test_ctrl_params_gain_changes_the_function():
+    idx, targets = batch()
+    parent = perturb(make('attnres'))
+    ctrl = make('ctrl_params')
+    copy_shared(parent, ctrl)
+    perturb(ctrl, seed=1)  # same queries as the parent, but the attention input gains move away from 1
+    with torch.no_grad():
+        for block in ctrl.transformer.h:
+            block.attn_input_gain.mul_(2.0).add_(0.3)
+    assert (parent(idx, targets)[1] - ctrl(idx, targets)[1]).abs() > 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Parameter delta (property 3)
+
+@pytest.mark.parametrize('n_layer', [1, 3, 4])
+def test_parameter_delta_is_one_vector_per_attention_sublayer(n_layer):
+    counts = {m: make(m, n_layer=n_layer).get_num_params() for m in RESIDUAL_MODES}
+    d = 16
+    assert counts['rd_attnres'] - counts['attnres'] == n_layer * d
+    assert counts['ctrl_params'] - counts['attnres'] == n_layer * d
+    assert counts['ctrl_dup'] == counts['attnres'] == counts['ctrl_fixed_v']
+    # the parent adds, per read point (2 per layer + the final read), a pseudo-query and a key gain
+    assert counts['attnres'] - counts['standard'] == 2 * (2 * n_layer + 1) * d
+
+
+def test_fixed_value_query_is_a_buffer_not_a_parameter():
+    model = make('ctrl_fixed_v')
+    names = dict(model.named_parameters())
+    assert not any(n.endswith('value_query') for n in names)
+    assert all(torch.equal(b.value_query, torch.zeros(16, dtype=b.value_query.dtype))
+               for b in model.transformer.h)
+
+
+def test_pseudo_queries_are_named_and_zero():
+    model = make('rd_attnres')
+    names = [n for n, _ in model.named_parameters() if n.split('.')[-1] in QUERY_NAMES]
+    assert sorted({n.split('.')[-1] for n in names}) == sorted(QUERY_NAMES)
+    assert len(names) == 3 * 3 + 1
+    assert all((p == 0).all() for n, p in model.named_parameters() if n in names)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Paired init (property 4)
+
+def test_shared_parameters_are_bit_identical_across_modes():
+    models = {m: make(m, seed=1234, dtype=torch.float32) for m in RESIDUAL_MODES}
+    states = {m: model.state_dict() for m, model in models.items()}
+    for m in RESIDUAL_MODES:
+        for other in RESIDUAL_MODES:
+            shared = set(states[m]) & set(states[other])
+            assert len(shared) >= len(states['standard'])
+            for name in shared:
+                assert torch.equal(states[m][name], states[other][name]), (m, other, name)
+    # and the seed matters (a test that could not fail otherwise)
+    other_seed = make('attnres', seed=1235, dtype=torch.float32).state_dict()
+    assert not torch.equal(other_seed['lm_head.weight'], states['attnres']['lm_head.weight'])
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. An independent reference: SPEC §1.2 applied literally, keeping every source in a list
+
+def reference_forward(model, idx):
+    cfg = model.config
+    S, mode = cfg.attnres_block_size, cfg.residual
+    cos, sin = model.rope_cos, model.rope_sin
+
+    def read(query, key_norm, sources):
+        V = torch.stack(sources)                                   # (n, B, T, d)
+        K = key_norm(V)                                            # RMSNorm of every source
+        alpha = torch.einsum('d,nbtd->nbt', query, K).softmax(0)   # softmax over sources
+        return torch.einsum('nbt,nbtd->btd', alpha, V)
+
+    blocks = [model.transformer.wte(idx)]   # b_0 = embedding
+    outputs = []                            # outputs of the sublayers of the current block
+    sublayers = [(b, kind) for b in model.transformer.h for kind in ('attn', 'mlp')]
+    for l, (block, kind) in enumerate(sublayers):
+        if l % S == 0 and outputs:           # 0-indexed sublayer l opens a new block
+            blocks.append(sum(outputs))
+            outputs = []
+        sources = blocks + ([sum(outputs)] if outputs else [])
+        if kind == 'attn':
+            h_qk = read(block.attn_query, block.attn_key_norm, sources)
+            h_v = read(block.value_query, block.attn_key_norm, sources) if mode == 'rd_attnres' else h_qk
+            out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
+        else:
+            out = block.mlp(block.norm_mlp(read(block.mlp_query, block.mlp_key_norm, sources)))
+        outputs.append(out)
+    blocks.append(sum(outputs))
+    h = read(model.final_query, model.final_key_norm, blocks)
+    return model.lm_head(model.transformer.ln_f(h))
+
+
+@pytest.mark.parametrize('mode', ['attnres', 'rd_attnres'])
+@pytest.mark.parametrize('S', [1, 2, 3, 6, 50])   # Full AttnRes, even, odd (splits blocks), S = L, S > L
+def test_model_matches_literal_reference(mode, S):
+    idx, targets = batch()
+    model = perturb(make(mode, S))
+    logits, _ = model(idx, targets)
+    torch.testing.assert_close(logits, reference_forward(model, idx), rtol=1e-10, atol=1e-10)
+
+
+def test_standard_residual_is_the_running_sum():
+    model = make('standard')
+    idx, targets = batch()
+    x = model.transformer.wte(idx)
+    for b in model.transformer.h:
+        a = b.norm_attn(x)
+        x = x + b.attn(a, a, model.rope_cos, model.rope_sin)
+        x = x + b.mlp(b.norm_mlp(x))
+    expected = model.lm_head(model.transformer.ln_f(x))
+    torch.testing.assert_close(model(idx, targets)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Causality
+
+@pytest.mark.parametrize('mode', RESIDUAL_MODES)
+def test_no_logit_depends_on_a_later_token(mode):
+    model = perturb(make(mode, S=3))
+    idx, targets = batch(B=1, T=10)
+    t = 6
+    changed = idx.clone()
+    changed[0, t] = (changed[0, t] + 1) % VOCAB
+    a, _ = model(idx, targets)
+    b, _ = model(changed, targets)
+    assert torch.equal(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Learning
+
+@pytest.mark.parametrize('mode', RESIDUAL_MODES)
+def test_loss_at_init_is_about_ln_vocab(mode):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=512, n_layer=2, n_head=2, n_embd=32, residual=mode))
+    idx = torch.randint(0, 512, (4, 32))
+    _, loss = model(idx, torch.roll(idx, -1, 1))
+    assert abs(loss.item() - math.log(512)) < 0.1
+
+
+@pytest.mark.parametrize('mode', RESIDUAL_MODES)
+def test_every_mode_overfits_one_batch(mode):
+    model = make(mode, S=2, dtype=torch.float32)
+    idx, targets = batch(B=4, T=16)
+    opt = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
+    first = None
+    for _ in range(60):
+        _, loss = model(idx, targets)
+        first = first if first is not None else loss.item()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert first > 4.0 and loss.item() < 0.3, (first, loss.item())
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. Routing diagnostics
+
+def expected_sources(l, S):
+    # embedding + finished blocks before sublayer l, + the partial unless l opens a block
+    return 1 + l // S + (0 if l % S == 0 else 1)
+
+
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+@pytest.mark.parametrize('S', [1, 3, 4])
+def test_routing_records_every_read_point(mode, S):
+    model = perturb(make(mode, S, n_layer=4))
+    idx, targets = batch()
+    model(idx, targets)
+    assert model.routing == []            # nothing is collected unless asked for
+    model.record_routing = True
+    model(idx, targets)
+    L = 8
+    routes = {(r['sublayer'], r['route']): r['alpha'] for r in model.routing}
+    two = mode in ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v')
+    expected = {(l, 'qk' if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
+    expected |= {(l, 'v') for l in range(0, L, 2)} if two else set()
+    assert set(routes) == expected
+    for (l, route), alpha in routes.items():
+        n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
+        assert alpha.shape == (n,), (l, route)
+        torch.testing.assert_close(alpha.sum(), torch.tensor(1.0, dtype=alpha.dtype))
+        assert (alpha >= 0).all()
+    assert [(l, R, n) for l, R, n in model.read_points()] == [
+        (l, 2 if two and l % 2 == 0 and l < L else 1, expected_sources(l, S) if l < L else 1 + math.ceil(L / S))
+        for l in range(L + 1)]
+
+
+def test_depth_read_is_a_per_token_softmax_mixture():
+    g = torch.Generator().manual_seed(0)
+    values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
+    queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    h, alpha = depth_read(values, [inverse_rms(v) for v in values], queries)
+    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3)
+    torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64))
+    # token (0, 3), route 1, by hand
+    keys = [F.rms_norm(v[0, 3], (8,), eps=1e-6) for v in values]
+    a = torch.stack([queries[1] @ k for k in keys]).softmax(0)
+    torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)))
+
+
+def test_fixed_value_route_stays_uniform_while_qk_learns():
+    model = perturb(make('ctrl_fixed_v', S=2, dtype=torch.float32))
+    idx, targets = batch(B=4, T=16)
+    opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+    for _ in range(5):
+        _, loss = model(idx, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.record_routing = True
+    model(idx, targets)
+    for r in model.routing:
+        uniform = torch.full_like(r['alpha'], 1 / r['alpha'].numel())
+        if r['route'] == 'v':
+            torch.testing.assert_close(r['alpha'], uniform)
+    qk = [r['alpha'] for r in model.routing if r['route'] == 'qk' and r['alpha'].numel() > 1]
+    assert any(not torch.allclose(a, torch.full_like(a, 1 / a.numel()), atol=1e-3) for a in qk)
+
+
+def test_summary_helpers():
+    p = torch.tensor([0.5, 0.5, 0.0])
+    q = torch.tensor([0.0, 0.0, 1.0])
+    assert entropy(p) == pytest.approx(math.log(2))
+    assert mean_depth(p) == pytest.approx(0.5) and mean_depth(q) == pytest.approx(2.0)
+    assert js_divergence(p, p) == pytest.approx(0.0, abs=1e-12)
+    assert js_divergence(p, q) == pytest.approx(math.log(2))      # disjoint supports: the maximum
+    model = perturb(make('rd_attnres', n_layer=3))
+    model.record_routing = True
+    model(*batch())
+    rows = routing_summary(model.routing)
+    assert [r['layer'] for r in rows] == [0, 1, 2]
+    assert rows[0]['js_qk_v'] == pytest.approx(0.0, abs=1e-12)        # one source: both routes agree
+    assert all(r['js_qk_v'] > 1e-4 for r in rows[1:])                  # different queries: they differ
+    parent = perturb(make('attnres', n_layer=3))
+    parent.record_routing = True
+    parent(*batch())
+    assert all(r['js_qk_v'] == 0.0 for r in routing_summary(parent.routing))
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. Gradients reach every pseudo-query (except the first read's)
+
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+def test_every_pseudo_query_gets_a_gradient(mode):
+    model = perturb(make(mode, S=2, n_layer=3), scale=0.3)
+    loss = model(*batch())[1]
+    loss.backward()
+    for name, p in model.named_parameters():
+        if name.split('.')[-1] not in QUERY_NAMES:
+            continue
+        assert p.grad is not None, name                    # present, so DDP never waits for it
+        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query')):
+            assert torch.equal(p.grad, torch.zeros_like(p)), name   # one source: softmax is constant 1
+        else:
+            assert p.grad.abs().max() > 0, name
+
+
+def test_every_parameter_gets_a_gradient_at_init():
+    # zero pseudo-queries are a fixed point of nothing: at init the queries must still get gradients
+    model = make('rd_attnres')
+    model(*batch())[1].backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert missing == []
+    assert model.transformer.h[1].value_query.grad.abs().max() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. Configuration errors
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(residual='attn_res'), 'choose one of standard, attnres, rd_attnres'),
+    (dict(n_embd=30, n_head=4), 'divisible by n_head'),
+    (dict(attnres_block_size=0), 'attnres_block_size must be >= 1'),
+    (dict(n_embd=36, n_head=4), 'must be even for rotary'),
+    (dict(n_layer=0), 'n_layer must be a positive integer'),
+])
+def test_bad_config_raises_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kwargs)
+
+
+def test_too_long_sequence_is_refused():
+    model = make('attnres')
+    with pytest.raises(ValueError, match='exceeds block_size=32'):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. Numerics and the nanoGPT surface
+
+def test_reads_stay_float32_under_bf16_autocast():
+    model = perturb(make('rd_attnres', dtype=torch.float32))
+    model.record_routing = True
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        values = [torch.randn(2, 4, 16) for _ in range(3)]
+        h, alpha = depth_read(values, [inverse_rms(v) for v in values], torch.randn(2, 16))
+        logits, loss = model(*batch())
+    assert h.dtype == alpha.dtype == torch.float32
+    assert all(r['alpha'].dtype == torch.float32 for r in model.routing)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
+def test_optimizer_never_decays_queries_or_gains():
+    model = make('rd_attnres', dtype=torch.float32)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    for name, p in model.named_parameters():
+        assert (id(p) in decayed) == (p.dim() == 2), name
+    assert sum(len(g['params']) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_flops_count_the_depth_reads():
+    parent, rd, std = make('attnres', S=2), make('rd_attnres', S=2), make('standard')
+    d, T = 16, 32
+    extra_params = 6 * 3 * d                                        # 3 value queries, 6 FLOPs each
+    extra_reads = 3 * 4 * d * sum(1 + l // 2 + (l % 2 != 0) for l in range(0, 6, 2))  # one more route
+    assert rd.flops_per_token(T) - parent.flops_per_token(T) == extra_params + extra_reads
+    assert parent.flops_per_token(T) > std.flops_per_token(T)
+    assert 0 < rd.estimate_mfu(tokens_per_iter=1000, dt=1.0, peak_flops=1e12) < 1
+
+
+def test_generate_appends_tokens_and_respects_top_k():
+    model = perturb(make('rd_attnres', dtype=torch.float32))
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    torch.manual_seed(0)
+    out = model.generate(idx, 40, temperature=0.8, top_k=1)   # past block_size: the context is cropped
+    assert out.shape == (2, 43) and torch.equal(out[:, :3], idx)
+    assert torch.equal(out[0], out[1])                        # top_k=1 is greedy: same rows
+
+
+def test_compiled_model_matches_eager():
+    model = perturb(make('rd_attnres', S=3, dtype=torch.float32))
+    idx, targets = batch()
+    eager_logits, eager_loss = model(idx, targets)
+    compiled = torch.compile(model, dynamic=False)
+    logits, loss = compiled(idx, targets)
+    loss.backward()
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
+    assert model.transformer.h[2].value_query.grad.abs().max() > 0
