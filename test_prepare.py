@@ -1,0 +1,170 @@
+"""Tests of prepare.py on small local files, offline (the hub is never contacted)."""
+
+import json
+import os
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')      # before datasets is imported anywhere
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+
+import numpy as np
+import pytest
+import tiktoken
+
+import prepare
+from prepare import EOT, HEADER_BYTES, read_tokens
+
+ENC = tiktoken.get_encoding('gpt2')
+DOCS = [f"Document {i}: " + " ".join(f"word{(i * j) % 31}" for j in range(5 + i % 13)) + "\nEnd." for i in range(120)]
+
+
+def split_documents(tokens):
+    """Decode a token file's body back into documents (each one starts with EOT)."""
+    tokens = np.asarray(tokens)
+    assert len(tokens) == 0 or tokens[0] == EOT, "every document must start with <|endoftext|>"
+    starts = list(np.flatnonzero(tokens == EOT)) + [len(tokens)]
+    return [ENC.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def write_jsonl(path, docs, column='text'):
+    with open(path, 'w') as f:
+        for d in docs:
+            f.write(json.dumps({column: d, 'other': 1}) + '\n')
+
+
+def write_parquet(path, docs, column='text'):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({column: docs}), path)
+
+
+def run(tmp_path, *args):
+    return prepare.main(['--data_dir', str(tmp_path / 'data'), '--num_proc', '1', *args])
+
+
+@pytest.mark.parametrize('kind', ['jsonl', 'parquet'])
+def test_round_trip_gives_back_the_documents(tmp_path, kind):
+    path = tmp_path / f'corpus.{kind}'
+    (write_jsonl if kind == 'jsonl' else write_parquet)(path, DOCS)
+    assert run(tmp_path, '--input', str(path), '--name', kind, '--val_fraction', '0.2') == 0
+    out = tmp_path / 'data' / kind
+    train = split_documents(read_tokens(str(out / 'train.bin')))
+    val = split_documents(read_tokens(str(out / 'val.bin')))
+    assert sorted(train + val) == sorted(DOCS)           # nothing lost, nothing added, delimiters where stated
+    assert set(train).isdisjoint(val) and len(val) > 5   # whole documents, never in both splits
+    assert train == [d for d in DOCS if d in set(train)]  # the input order is kept
+    meta = json.loads((out / 'meta.json').read_text())
+    assert meta['train_tokens'] == len(read_tokens(str(out / 'train.bin'))) and meta['eot'] == EOT
+
+
+def test_same_documents_same_bins_whatever_the_format_or_pool(tmp_path):
+    write_jsonl(tmp_path / 'a.jsonl', DOCS)
+    write_parquet(tmp_path / 'b.parquet', DOCS, column='body')
+    run(tmp_path, '--input', str(tmp_path / 'a.jsonl'), '--name', 'a')
+    run(tmp_path, '--input', str(tmp_path / 'b.parquet'), '--name', 'b', '--text_column', 'body')
+    prepare.main(['--data_dir', str(tmp_path / 'data'), '--num_proc', '2',
+                  '--input', str(tmp_path / 'a.jsonl'), '--name', 'pooled'])
+    for split in ('train.bin', 'val.bin'):
+        ref = (tmp_path / 'data' / 'a' / split).read_bytes()
+        assert (tmp_path / 'data' / 'b' / split).read_bytes() == ref
+        assert (tmp_path / 'data' / 'pooled' / split).read_bytes() == ref
+
+
+def test_split_depends_only_on_the_text(tmp_path):
+    # shuffled input: every document lands in the same split as before
+    write_jsonl(tmp_path / 'a.jsonl', DOCS)
+    write_jsonl(tmp_path / 'r.jsonl', DOCS[::-1])
+    run(tmp_path, '--input', str(tmp_path / 'a.jsonl'), '--name', 'a')
+    run(tmp_path, '--input', str(tmp_path / 'r.jsonl'), '--name', 'r')
+    val_a = split_documents(read_tokens(str(tmp_path / 'data/a/val.bin')))
+    val_r = split_documents(read_tokens(str(tmp_path / 'data/r/val.bin')))
+    assert sorted(val_a) == sorted(val_r) and len(val_a) > 0
+
+
+def test_text_files_are_one_document_each(tmp_path):
+    for i, d in enumerate(DOCS[:30]):
+        (tmp_path / f'doc{i:02d}.txt').write_text(d + "\n\nsecond paragraph\n")
+    run(tmp_path, '--input', str(tmp_path / '*.txt'), '--name', 'txt', '--val_fraction', '0.3')
+    docs = [split_documents(read_tokens(str(tmp_path / f'data/txt/{s}.bin'))) for s in ('train', 'val')]
+    assert len(docs[0]) + len(docs[1]) == 30
+    assert all(d.endswith("second paragraph\n") for d in docs[0] + docs[1])
+
+
+def test_max_tokens_caps_train_exactly_and_val_tokens_caps_val(tmp_path):
+    write_jsonl(tmp_path / 'a.jsonl', DOCS)
+    run(tmp_path, '--input', str(tmp_path / 'a.jsonl'), '--name', 'cap', '--max_tokens', '500',
+        '--val_tokens', '50', '--val_fraction', '0.5')
+    assert len(read_tokens(str(tmp_path / 'data/cap/train.bin'))) == 500
+    val = read_tokens(str(tmp_path / 'data/cap/val.bin'))
+    first_doc = len(ENC.encode_ordinary(split_documents(val)[0])) + 1
+    assert 50 <= len(val) < 50 + 40 and len(val) >= first_doc  # whole documents until the cap is passed
+
+
+def test_tiny_corpus_prepares_offline_and_rerun_skips(tmp_path, capsys):
+    assert run(tmp_path, '--dataset', 'tiny') == 0
+    out = tmp_path / 'data' / 'tiny'
+    train = read_tokens(str(out / 'train.bin'))
+    assert len(train) > 50_000 and len(read_tokens(str(out / 'val.bin'))) > 5_000
+    mtime = os.path.getmtime(out / 'train.bin')
+    capsys.readouterr()
+    assert run(tmp_path, '--dataset', 'tiny') == 0
+    assert 'already complete' in capsys.readouterr().out
+    assert os.path.getmtime(out / 'train.bin') == mtime
+    # another argument is other work: not skipped
+    assert run(tmp_path, '--dataset', 'tiny', '--max_tokens', '1000') == 0
+    assert len(read_tokens(str(out / 'train.bin'))) == 1000
+
+
+def test_interrupted_run_leaves_no_file_under_a_final_name(tmp_path):
+    def documents():
+        yield from DOCS[:50]
+        raise KeyboardInterrupt  # the user presses Ctrl-C half-way
+
+    out = tmp_path / 'data' / 'x'
+    with pytest.raises(KeyboardInterrupt):
+        prepare.prepare(documents(), str(out), 10**9, 10**9, 0.1, progress=False)
+    assert sorted(os.listdir(out)) == []   # neither final files nor temporaries
+
+
+@pytest.mark.parametrize('damage, message', [
+    (lambda b: b[:HEADER_BYTES - 8], 'shorter than'),
+    (lambda b: b'\x00' * 8 + b[8:], 'magic'),
+    (lambda b: b[:8] + (99).to_bytes(8, 'little') + b[16:], 'version 99'),
+    (lambda b: b[:-2], 'truncated or corrupted'),
+])
+def test_reader_rejects_damaged_files(tmp_path, damage, message):
+    run(tmp_path, '--dataset', 'tiny', '--max_tokens', '2000')
+    path = tmp_path / 'data' / 'tiny' / 'val.bin'
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError, match=message):
+        read_tokens(str(path))
+
+
+def test_missing_file_says_to_run_prepare(tmp_path):
+    with pytest.raises(FileNotFoundError, match='run prepare.py'):
+        read_tokens(str(tmp_path / 'nothing.bin'))
+
+
+def test_bad_inputs_fail_with_actionable_messages(tmp_path):
+    (tmp_path / 'empty.jsonl').write_text('')
+    write_jsonl(tmp_path / 'col.jsonl', DOCS, column='body')
+    write_jsonl(tmp_path / 'few.jsonl', DOCS[:1])
+    cases = [
+        (['--input', str(tmp_path / 'empty.jsonl')], 'no documents'),
+        (['--input', str(tmp_path / 'col.jsonl')], "no column 'text'.*--text_column"),
+        (['--input', str(tmp_path / 'nope*.jsonl')], 'matches no file'),
+        (['--input', str(tmp_path / 'few.jsonl')], 'not enough text'),
+        ([], 'use local files .*--input.*--dataset tiny'),   # the hub is unreachable here
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            run(tmp_path, *args)
+    assert not (tmp_path / 'data' / 'local' / 'train.bin').exists()
+
+
+def test_token_ids_must_fit_uint16(monkeypatch):
+    class HugeVocabulary:
+        def encode_ordinary(self, text):
+            return [70000]
+    monkeypatch.setattr(prepare, '_enc', HugeVocabulary())
+    with pytest.raises(ValueError, match='does not fit in uint16'):
+        prepare.tokenize_document('anything', 0.1)
