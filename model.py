@@ -354,6 +354,19 @@ class GPT(nn.Module):
         return idx
 
 
+# dense bf16 peak FLOP/s of known GPUs, for MFU; matched against torch.cuda.get_device_name()
+GPU_PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12,
+                  'L4': 121e12, 'RTX 4090': 165e12, 'RTX 3090': 71e12, 'V100': 125e12}
+
+
+def detect_peak_flops(device):
+    """Peak FLOP/s of a CUDA device from its name; 0 when unknown (CPU, MPS, other GPUs)."""
+    if not str(device).startswith('cuda') or not torch.cuda.is_available():
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if key in name), 0.0)
+
+
 # -----------------------------------------------------------------------------
 # Routing diagnostics (SPEC §1.5): numbers from the depth distributions of one forward pass
 
@@ -385,6 +398,6 @@ def routing_summary(routing):
         v = by_key.get((layer, 'v'), qk)
         rows.append(dict(layer=layer, js_qk_v=js_divergence(qk['alpha'], v['alpha']),
                          entropy_qk=entropy(qk['alpha']), entropy_v=entropy(v['alpha']),
-                         token_entropy_qk=float(qk['token_entropy']), token_entropy_v=float(v['token_entropy']),
+                         token_entropy_qk=float(qk['token_entropy']) + 0.0, token_entropy_v=float(v['token_entropy']) + 0.0,
                          depth_qk=mean_depth(qk['alpha']), depth_v=mean_depth(v['alpha'])))
     return rows

@@ -1,0 +1,56 @@
+"""
+nanoGPT-style configuration: a script keeps its defaults as globals, then
+
+    python train.py config/rd_120m.py --batch_size=8 --compile=False
+
+runs the config file (plain Python assignments) and applies --key=value overrides on top.
+Unlike nanoGPT's exec() version this one is a function, and it is strict: every key must already
+exist among the defaults (an unknown key names the closest valid ones), and every value must have
+the default's type (an int may stand where a float is expected).
+"""
+
+import ast
+import difflib
+
+
+def _check(key, value, defaults, where):
+    if key not in defaults:
+        close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(sorted(defaults))}"
+        raise SystemExit(f"unknown config key {key!r} in {where}{hint}")
+    expected = type(defaults[key])
+    if defaults[key] is None or isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
+        return value
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    raise SystemExit(f"config key {key!r} in {where} must be a {expected.__name__}, got {value!r} "
+                     f"({type(value).__name__})")
+
+
+def configure(defaults, argv):
+    """Return a copy of `defaults` updated by config files and --key=value arguments, in order."""
+    config = dict(defaults)
+    for arg in argv:
+        if not arg.startswith('--'):
+            try:
+                with open(arg) as f:
+                    source = f.read()
+            except OSError as e:
+                raise SystemExit(f"cannot read config file {arg!r}: {e.strerror}")
+            scope = {}
+            exec(compile(source, arg, 'exec'), {}, scope)
+            for key, value in scope.items():
+                if not key.startswith('_'):
+                    config[key] = _check(key, value, defaults, arg)
+        else:
+            key, sep, text = arg[2:].partition('=')
+            if not sep:
+                raise SystemExit(f"override {arg!r} must look like --key=value")
+            try:
+                value = ast.literal_eval(text)
+            except (SyntaxError, ValueError):
+                value = text  # a bare word is a string: --residual=attnres
+            if isinstance(defaults.get(key), str) and not isinstance(value, str):
+                value = text  # keep e.g. --out_dir=123 a string
+            config[key] = _check(key, value, defaults, f"--{key}")
+    return config
