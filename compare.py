@@ -1,0 +1,288 @@
+"""
+The paper's paired table (and plots) from run directories written by train.py.
+
+    python compare.py out/*                       # every comparison the runs allow, as Markdown
+    python compare.py out/* --step 1000           # at an earlier evaluation step (runs in progress too)
+    python compare.py out/* --json results.json --plot plots/
+
+Runs are grouped by model shape and budget, paired by seed, and each arm is compared with its
+parent: rd_attnres and the controls with attnres, attnres with standard. A pair must have the same
+frozen configuration except `residual` (and output paths) and must have seen the same batches
+(train.py logs a fingerprint of every logged step's data); otherwise it is refused.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+from train import FROZEN_ON_RESUME
+
+PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
+          'attnres': 'standard'}
+ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v']
+# what must be equal within a pair, besides the seed; residual is what differs
+FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size') if k not in ('residual', 'seed'))
+GROUP_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'max_iters')
+
+
+# -----------------------------------------------------------------------------
+# Statistics (standard library only)
+
+def _betacf(a, b, x):
+    # continued fraction of the regularised incomplete beta function (modified Lentz)
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((qam + 2 * m) * (a + 2 * m)), -(a + m) * (qab + m) * x / ((a + 2 * m) * (qap + 2 * m))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def t_cdf(t, df):
+    """P(T <= t) for Student's t with df degrees of freedom, via P(|T| > t) = I_x(df/2, 1/2), x = df/(df+t^2)."""
+    if t == 0:
+        return 0.5
+    x = df / (df + t * t)
+    ln = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - math.lgamma(0.5) + (df / 2) * math.log(x) + 0.5 * math.log1p(-x)
+    a, b = df / 2, 0.5
+    tail = math.exp(ln) * _betacf(a, b, x) / a if x < (a + 1) / (a + b + 2) else 1 - math.exp(ln) * _betacf(b, a, 1 - x) / b
+    return 1 - 0.5 * tail if t >= 0 else 0.5 * tail
+
+
+def t_quantile(p, df):
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def sign_test_p(wins, n):
+    """Exact two-sided sign test: the probability of a split at least this lopsided under a fair coin."""
+    k = min(wins, n - wins)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired_stats(deltas):
+    n = len(deltas)
+    mean = sum(deltas) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1)) if n > 1 else float('nan')
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float('nan')
+    wins = sum(d < 0 for d in deltas)
+    return dict(n=n, mean_delta=mean, sd=sd, ci95=[mean - half, mean + half], ppl_reduction_pct=100 * (1 - math.exp(mean)),
+                wins=wins, sign_test_p=sign_test_p(wins, n))
+
+
+# -----------------------------------------------------------------------------
+# Runs
+
+def load_run(path):
+    try:
+        with open(os.path.join(path, 'config.json')) as f:
+            config = json.load(f)
+        with open(os.path.join(path, 'log.jsonl')) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return None
+    evals = {r['step']: r for r in rows if 'val_loss' in r}
+    hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
+    return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=evals, hashes=hashes)
+
+
+def group_label(config):
+    tokens = config['max_iters'] * config['total_batch_size']
+    return f"{config['n_layer']}x{config['n_embd']} ({config['n_layer']} layers, d={config['n_embd']}), " \
+           f"{config['max_iters']} steps = {tokens / 1e6:,.1f}M tokens"
+
+
+def check_pair(a, b):
+    diff = [k for k in FROZEN if a['config'].get(k) != b['config'].get(k)]
+    if diff:
+        listing = ', '.join(f"{k}: {a['config'].get(k)!r} vs {b['config'].get(k)!r}" for k in diff)
+        raise SystemExit(f"refusing to pair {a['path']} with {b['path']}: their frozen configurations differ in "
+                         f"{listing} (only residual may differ within a pair)")
+    common = set(a['hashes']) & set(b['hashes'])
+    bad = sorted(s for s in common if a['hashes'][s] != b['hashes'][s])
+    if bad:
+        raise SystemExit(f"refusing to pair {a['path']} with {b['path']}: they trained on different batches "
+                         f"(data fingerprints differ at steps {bad[:5]}); a pair must share seed and data")
+
+
+def compare(runs, step=None):
+    """All comparisons (arm vs parent, per shape and budget) that the runs allow."""
+    groups = {}
+    for run in runs:
+        key = tuple(run['config'][k] for k in GROUP_KEYS)
+        groups.setdefault(key, {}).setdefault(run['config']['residual'], {})
+        seed = run['config']['seed']
+        if seed in groups[key][run['config']['residual']]:
+            raise SystemExit(f"two runs of {run['config']['residual']} with seed {seed} and the same shape: "
+                             f"{groups[key][run['config']['residual']][seed]['path']} and {run['path']}")
+        groups[key][run['config']['residual']][seed] = run
+    results = []
+    for key in sorted(groups):
+        by_mode = groups[key]
+        for arm in ARM_ORDER:
+            parent = PARENT[arm]
+            if arm not in by_mode or parent not in by_mode:
+                continue
+            rows, skipped = [], []
+            for seed in sorted(set(by_mode[arm]) & set(by_mode[parent])):
+                a, p = by_mode[arm][seed], by_mode[parent][seed]
+                check_pair(a, p)
+                at = step if step is not None else a['config']['max_iters']
+                if at not in a['evals'] or at not in p['evals']:
+                    skipped.append(seed)
+                    continue
+                nll_a, nll_p = a['evals'][at]['val_loss'], p['evals'][at]['val_loss']
+                rows.append(dict(seed=seed, parent_nll=nll_p, arm_nll=nll_a, delta=nll_a - nll_p,
+                                 arm_run=a['path'], parent_run=p['path']))
+            if rows:
+                first = by_mode[arm][rows[0]['seed']]['config']
+                results.append(dict(group=group_label(first), arm=arm, parent=parent,
+                                    step=step if step is not None else first['max_iters'],
+                                    pairs=rows, skipped_seeds=skipped, **paired_stats([r['delta'] for r in rows])))
+    return results, groups
+
+
+def markdown(results):
+    out = []
+    for r in results:
+        out.append(f"### {r['arm']} vs {r['parent']}: {r['group']}, validation NLL at step {r['step']}\n")
+        out.append(f"| seed | {r['parent']} | {r['arm']} | Δ |")
+        out.append("|---:|---:|---:|---:|")
+        for p in r['pairs']:
+            out.append(f"| {p['seed']} | {p['parent_nll']:.4f} | {p['arm_nll']:.4f} | {p['delta']:+.4f} |")
+        lo, hi = r['ci95']
+        out.append("")
+        out.append("| mean Δ | sd | 95% t-interval | ppl reduction | wins | sign test p |")
+        out.append("|---:|---:|---:|---:|---:|---:|")
+        out.append(f"| {r['mean_delta']:+.4f} | {r['sd']:.4f} | [{lo:+.4f}, {hi:+.4f}] | {r['ppl_reduction_pct']:.2f}% "
+                   f"| {r['wins']}/{r['n']} | {r['sign_test_p']:.3g} |")
+        if r['skipped_seeds']:
+            out.append(f"\n(seeds {r['skipped_seeds']} left out: no evaluation at step {r['step']} in both runs yet)")
+        out.append("")
+    return '\n'.join(out)
+
+
+# -----------------------------------------------------------------------------
+# Plots (matplotlib is imported only here)
+
+def routing_matrix(alpha_rows, route):
+    """Attention sublayers x depth sources; NaN where a layer has fewer sources."""
+    rows = [r['alpha'] for r in alpha_rows if r['route'] == route]
+    width = max(len(a) for a in rows)
+    return [a + [float('nan')] * (width - len(a)) for a in rows]
+
+
+def plot(results, groups, out_dir):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for r in results:
+        tag = f"{r['arm']}_vs_{r['parent']}_{r['pairs'][0]['arm_run'].rstrip('/').split('/')[-1]}"
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+        for i, pair in enumerate(r['pairs']):
+            color = f"C{i}"
+            curves = {}
+            for which in ('parent', 'arm'):
+                run = load_run(pair[f'{which}_run'])
+                steps = sorted(s for s in run['evals'] if s > 0)
+                curves[which] = {s: run['evals'][s]['val_loss'] for s in steps}
+                ax1.plot([run['evals'][s]['tokens'] / 1e6 for s in steps], [curves[which][s] for s in steps],
+                         color=color, ls='--' if which == 'parent' else '-',
+                         label=f"seed {pair['seed']} {r[which]}")
+            common = sorted(set(curves['arm']) & set(curves['parent']))
+            ax2.plot(common, [curves['arm'][s] - curves['parent'][s] for s in common], color=color, marker='.',
+                     label=f"seed {pair['seed']}")
+        ax1.set(xlabel='training tokens (M)', ylabel='validation NLL (nats/token)',
+                title=f"{r['arm']} (solid) vs {r['parent']} (dashed)")
+        ax1.legend(fontsize=7, ncol=2)
+        ax2.axhline(0, color='k', lw=0.8)
+        ax2.set(xlabel='step', ylabel=f"Δ = NLL({r['arm']}) − NLL({r['parent']})", title='paired difference over training')
+        ax2.legend(fontsize=7)
+        fig.suptitle(r['group'], fontsize=9)
+        path = os.path.join(out_dir, f"curves_{tag}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    for by_mode in groups.values():
+        for mode in ('rd_attnres', 'ctrl_fixed_v', 'ctrl_dup'):
+            for seed, run in sorted(by_mode.get(mode, {}).items()):
+                routed = [(s, e['routing']) for s, e in sorted(run['evals'].items()) if e.get('routing')]
+                if not routed:
+                    continue
+                written += plot_routing(plt, run, routed, out_dir)
+    return written
+
+
+def plot_routing(plt, run, routed, out_dir):
+    last_step, last = routed[-1]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5), constrained_layout=True)
+    for ax, route in zip(axes[:2], ('qk', 'v')):
+        m = routing_matrix(last['alpha'], route)
+        im = ax.imshow(m, vmin=0, vmax=1, cmap='viridis', aspect='auto')
+        ax.set_xticks(range(len(m[0])))
+        ax.set_yticks(range(len(m)))
+        ax.set(xlabel='source (0 = embedding, n = block n, last: partial)',
+               ylabel='attention layer', title=f"{route.upper()} route: α at step {last_step}")
+        for i, row in enumerate(m):
+            for j, a in enumerate(row):
+                if a == a:  # not NaN
+                    ax.text(j, i, f"{a:.2f}", ha='center', va='center', fontsize=6, color='w' if a < 0.5 else 'k')
+    fig.colorbar(im, ax=axes[1], fraction=0.05)
+    layers = [row['layer'] for row in last['summary']]
+    for layer in layers:
+        ax = axes[2]
+        ax.plot([s for s, _ in routed], [rt['summary'][layer]['js_qk_v'] for _, rt in routed], label=f"layer {layer}")
+    axes[2].set(xlabel='step', ylabel='JS divergence (nats)', title='QK vs V route, per attention layer')
+    axes[2].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{run['name']} ({run['config']['residual']}, seed {run['config']['seed']})", fontsize=9)
+    path = os.path.join(out_dir, f"routing_{run['name']}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('runs', nargs='+', help="run directories (globs are expanded)")
+    ap.add_argument('--step', type=int, help="compare at this evaluation step instead of the last (max_iters)")
+    ap.add_argument('--json', help="also write the numbers to this JSON file")
+    ap.add_argument('--plot', help="write PNG plots into this directory")
+    args = ap.parse_args(argv)
+    paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
+    runs = [r for r in map(load_run, paths) if r is not None]
+    if not runs:
+        raise SystemExit(f"no run directories (with config.json and log.jsonl) among {args.runs}")
+    results, groups = compare(runs, args.step)
+    if not results:
+        raise SystemExit(f"found {len(runs)} runs but no complete pair: a pair is an arm and its parent "
+                         f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())}) with the same seed and shape, "
+                         "both evaluated at the step compared (use --step for runs in progress)")
+    print(markdown(results))
+    if args.json:
+        with open(args.json + '.tmp', 'w') as f:
+            json.dump(results, f, indent=2)
+        os.replace(args.json + '.tmp', args.json)
+    if args.plot:
+        for path in plot(results, groups, args.plot):
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

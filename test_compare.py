@@ -1,0 +1,126 @@
+"""Tests of compare.py on small synthetic run directories whose numbers are known by hand."""
+
+import json
+import math
+import os
+
+import pytest
+
+import compare
+import train
+
+PARENT_NLL = [3.30, 3.25, 3.28, 3.31, 3.27]
+DELTAS = [-0.03, -0.02, -0.04, -0.01, -0.05]   # mean -0.03, sd sqrt(0.001/4) = 0.0158114
+
+
+def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), **overrides):
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    config = dict(train.DEFAULTS, residual=residual, seed=seed, max_iters=steps[-1], out_dir=path,
+                  world_size=1, git_commit='abc')
+    config.update(overrides)
+    rows = []
+    for i, s in enumerate(steps):
+        nll = final_nll + 0.5 * (len(steps) - 1 - i)        # decreasing curve that ends at final_nll
+        routing = None
+        if residual == 'rd_attnres':
+            alpha = [dict(sublayer=0, layer=0, route=r, alpha=[1.0]) for r in ('qk', 'v')] + \
+                    [dict(sublayer=2, layer=1, route='qk', alpha=[0.2, 0.8]),
+                     dict(sublayer=2, layer=1, route='v', alpha=[0.7, 0.3])]
+            routing = dict(alpha=alpha, summary=[dict(layer=0, js_qk_v=0.0), dict(layer=1, js_qk_v=0.01 * i)])
+        rows.append(dict(step=s, tokens=s * 1000, val_loss=nll, routing=routing))
+        if s > 0:
+            rows.append(dict(step=s, train_loss=nll, data_hash=f"{seed}-{s}"))
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+        json.dump(config, f)
+    with open(os.path.join(path, 'log.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in rows))
+    return path
+
+
+@pytest.fixture
+def study(tmp_path):
+    root = str(tmp_path)
+    for seed, (p, d) in enumerate(zip(PARENT_NLL, DELTAS), start=1):
+        make_run(root, f'attnres_s{seed}', 'attnres', seed, p)
+        make_run(root, f'rd_s{seed}', 'rd_attnres', seed, p + d)
+        make_run(root, f'standard_s{seed}', 'standard', seed, p + 0.1 * seed)   # attnres wins every pair
+    return root
+
+
+def test_paired_table_matches_hand_computed_values(study, capsys):
+    assert compare.main([os.path.join(study, '*'), '--json', os.path.join(study, 'r.json')]) == 0
+    results = {(r['arm'], r['parent']): r for r in json.load(open(os.path.join(study, 'r.json')))}
+    assert set(results) == {('attnres', 'standard'), ('rd_attnres', 'attnres')}
+    rd = results[('rd_attnres', 'attnres')]
+    assert [p['seed'] for p in rd['pairs']] == [1, 2, 3, 4, 5]
+    assert [p['delta'] for p in rd['pairs']] == pytest.approx(DELTAS)
+    assert rd['mean_delta'] == pytest.approx(-0.03)
+    assert rd['sd'] == pytest.approx(0.0158114, abs=1e-7)
+    half = 2.776445 * 0.0158114 / math.sqrt(5)              # t(0.975, df=4) from a printed table
+    assert rd['ci95'] == pytest.approx([-0.03 - half, -0.03 + half], abs=1e-6)
+    assert rd['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
+    assert (rd['wins'], rd['n']) == (5, 5) and rd['sign_test_p'] == pytest.approx(2 / 32)
+    base = results[('attnres', 'standard')]
+    assert base['mean_delta'] == pytest.approx(-0.3) and base['wins'] == 5
+    out = capsys.readouterr().out
+    assert '| 1 | 3.3000 | 3.2700 | -0.0300 |' in out and '5/5' in out and '2.96%' in out
+
+
+def test_statistics_against_known_values():
+    assert compare.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert compare.t_quantile(0.975, 9) == pytest.approx(2.2622, abs=1e-4)
+    assert compare.t_quantile(0.975, 10**6) == pytest.approx(1.95996, abs=1e-4)
+    assert compare.sign_test_p(10, 10) == pytest.approx(2 / 1024)     # the paper's 10/10
+    assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64)
+
+
+def test_mismatched_pair_is_refused_with_the_differing_keys(tmp_path):
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2, learning_rate=1e-3, weight_decay=0.0)
+    with pytest.raises(SystemExit, match=r"differ in learning_rate: 0.001 vs 0.0006, weight_decay: 0.0 vs 0.1"):
+        compare.main([os.path.join(root, '*')])
+
+
+def test_pair_that_saw_other_batches_is_refused(tmp_path):
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    path = make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
+    log = os.path.join(path, 'log.jsonl')
+    text = open(log).read().replace('"1-50"', '"9-50"')
+    open(log, 'w').write(text)
+    with pytest.raises(SystemExit, match='different batches'):
+        compare.main([os.path.join(root, '*')])
+
+
+def test_earlier_step_and_runs_in_progress(study, tmp_path):
+    results, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)], step=50)
+    rd = next(r for r in results if r['arm'] == 'rd_attnres')
+    assert rd['step'] == 50 and rd['mean_delta'] == pytest.approx(-0.03)   # curves shifted by a constant
+    # a run in progress (no eval at its max_iters yet) is left out of the final table, and said so
+    path = os.path.join(study, 'rd_s5', 'log.jsonl')
+    rows = [json.loads(line) for line in open(path)]
+    open(path, 'w').write(''.join(json.dumps(r) + '\n' for r in rows if r['step'] < 100))
+    results, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)])
+    rd = next(r for r in results if r['arm'] == 'rd_attnres')
+    assert rd['n'] == 4 and rd['skipped_seeds'] == [5]
+
+
+def test_different_budgets_are_different_groups(tmp_path):
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    make_run(root, 'ctrl_s1', 'ctrl_dup', 1, 3.3, steps=(0, 50))     # a shorter budget: no parent there
+    with pytest.raises(SystemExit, match='no complete pair'):
+        compare.main([os.path.join(root, '*')])
+
+
+def test_plots_are_written(study, tmp_path):
+    out = str(tmp_path / 'plots')
+    compare.main([os.path.join(study, '*'), '--plot', out])
+    names = sorted(os.listdir(out))
+    assert 'curves_rd_attnres_vs_attnres_rd_s1.png' in names
+    assert sum(n.startswith('routing_rd_s') for n in names) == 5
+    assert all(os.path.getsize(os.path.join(out, n)) > 10_000 for n in names)
+    m = compare.routing_matrix(json.loads(open(os.path.join(study, 'rd_s1', 'log.jsonl')).readline())['routing']['alpha'], 'v')
+    assert m[0][0] == 1.0 and math.isnan(m[0][1]) and m[1] == [0.7, 0.3]
