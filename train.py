@@ -68,6 +68,7 @@ device = 'auto'             # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'              # 'auto' (bf16 on capable GPUs, float32 on CPU), 'float32', 'bfloat16', 'float16'
 compile = False
 peak_flops = 0.0            # for MFU; 0 = detect from the GPU's name (none on CPU)
+cpu_malloc_tuning = True    # on CPU with glibc: keep big freed buffers in the heap (~1.6x faster, see README)
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
 # keys that decide the data order or the model: a resumed run must not change them
 FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'total_batch_size', 'lr_decay_iters', 'warmup_iters',
@@ -148,6 +149,21 @@ def git_commit():
         return None
 
 
+def tune_cpu_allocator():
+    """glibc returns large freed blocks (here: the (B, T, vocab) logits and their gradient) to the OS
+    and then page-faults them back in on every step. Keeping them in the heap was measured to make
+    CPU training ~1.6x faster (README, CPU notes); the same as MALLOC_MMAP_MAX_=0 and
+    MALLOC_TRIM_THRESHOLD_=<huge> in the environment. No effect (and no error) elsewhere."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    except (OSError, AttributeError):
+        return False  # not glibc (macOS, Windows, musl)
+
+
 def check_resumable(saved, cfg):
     """Refuse to resume a checkpoint whose model or data order differs from this configuration."""
     diff = {k: (saved.get(k), cfg[k]) for k in FROZEN_ON_RESUME if saved.get(k) != cfg[k]}
@@ -179,6 +195,8 @@ def main(argv):
     if ddp:
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     master = rank == 0
+    if device_type == 'cpu' and cfg['cpu_malloc_tuning']:
+        tune_cpu_allocator()
     dt_name = cfg['dtype']
     if dt_name == 'auto':
         dt_name = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'

@@ -1,0 +1,148 @@
+"""
+The cost of depth routing: step time, tokens/s, MFU and peak memory of every residual mode at one
+shape, measured side by side in one run.
+
+    python bench.py                                   # the issue's CPU shape: 8 x 256, context 256, batch 16
+    python bench.py --compile=True                    # the same under torch.compile
+    python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
+    python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
+
+A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
+rounds (the order rotates every round) so that drifting machine load does not favour one; the
+reported time is the median over all timed steps. Peak memory is measured for each mode in a fresh
+subprocess (CUDA: max allocated; CPU: peak resident set size, which includes ~0.3 GB of libraries).
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from configurator import configure
+from model import GPT, GPTConfig, RESIDUAL_MODES, detect_peak_flops
+from train import tune_cpu_allocator
+
+DEFAULTS = dict(
+    modes=','.join(RESIDUAL_MODES),
+    n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
+    device='auto', dtype='float32', compile=False,
+    rounds=3, steps=3, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
+    memory=True, peak_flops=0.0, seed=0,
+    cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
+    json='',                      # append one JSON object per mode to this file
+    probe='',                     # internal: measure the peak memory of this one mode and exit
+)
+
+
+def build(cfg, mode, device):
+    torch.manual_seed(cfg['seed'])
+    model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
+                          block_size=cfg['block_size'], residual=mode,
+                          attnres_block_size=cfg['attnres_block_size'])).to(device)
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
+    runner = torch.compile(model) if cfg['compile'] else model
+    return model, runner, optimizer
+
+
+def make_step(runner, optimizer, x, y, device, ptdtype):
+    def step():
+        with torch.autocast(device.split(':')[0], dtype=ptdtype, enabled=ptdtype != torch.float32):
+            _, loss = runner(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.startswith('cuda'):
+            torch.cuda.synchronize()
+    return step
+
+
+def peak_memory_of(cfg, mode, argv):
+    """Run this script for one mode in a fresh process and read back its peak memory in bytes."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f'--probe={mode}'],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+    cfg = configure(DEFAULTS, argv)
+    device = cfg['device'] if cfg['device'] != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
+    if device == 'cpu' and cfg['cpu_malloc_tuning']:
+        tune_cpu_allocator()
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[cfg['dtype']]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    g = torch.Generator().manual_seed(cfg['seed'])
+    data = torch.randint(0, 50257, (cfg['batch_size'], cfg['block_size'] + 1), generator=g).to(device)
+    x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    if cfg['probe']:  # child process: warm up, a few steps, report the peak
+        model, runner, optimizer = build(cfg, cfg['probe'], device)
+        step = make_step(runner, optimizer, x, y, device, ptdtype)
+        for _ in range(cfg['warmup'] + 1):
+            step()
+        if device.startswith('cuda'):
+            print(torch.cuda.max_memory_allocated())
+        else:  # ru_maxrss is in KiB on Linux
+            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return
+
+    modes = cfg['modes'].split(',')
+    unknown = [m for m in modes if m not in RESIDUAL_MODES]
+    if unknown:
+        raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}")
+    tokens = cfg['batch_size'] * cfg['block_size']
+    print(f"bench: {cfg['n_layer']} layers x {cfg['n_embd']}, context {cfg['block_size']}, batch {cfg['batch_size']}, "
+          f"S={cfg['attnres_block_size']}, {device} {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}"
+          + (f", cpu_malloc_tuning={cfg['cpu_malloc_tuning']}" if device == 'cpu' else ''))
+    models, steps = {}, {}
+    for mode in modes:
+        models[mode] = build(cfg, mode, device)
+        steps[mode] = make_step(models[mode][1], models[mode][2], x, y, device, ptdtype)
+        for _ in range(cfg['warmup']):       # includes compilation under --compile
+            steps[mode]()
+    times = {m: [] for m in modes}
+    for r in range(cfg['rounds']):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for mode in order:
+            for _ in range(cfg['steps']):
+                t0 = time.perf_counter()
+                steps[mode]()
+                times[mode].append(time.perf_counter() - t0)
+    peak = cfg['peak_flops'] or detect_peak_flops(device)
+    memory = {m: peak_memory_of(cfg, m, argv) for m in modes} if cfg['memory'] else {}
+
+    base = {m: statistics.median(times[m]) for m in modes}
+    rows = []
+    for mode in modes:
+        model = models[mode][0]
+        dt = base[mode]
+        row = dict(mode=mode, step_ms=1000 * dt, tok_per_s=tokens / dt, params=model.get_num_params(),
+                   flops_per_token=model.flops_per_token(cfg['block_size']),
+                   mfu=model.estimate_mfu(tokens, dt, peak, cfg['block_size']) if peak else None,
+                   time_vs_standard=dt / base['standard'] if 'standard' in base else None,
+                   time_vs_attnres=dt / base['attnres'] if 'attnres' in base else None,
+                   peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
+                   mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
+                   spread_ms=[1000 * min(times[mode]), 1000 * max(times[mode])], config=cfg)
+        rows.append(row)
+    fmt = lambda v, f: '-' if v is None else format(v, f)  # noqa: E731
+    print("| mode | step ms (median) | min–max ms | tok/s | × standard | × attnres | GFLOP/token | MFU | peak MB | mem × standard |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['step_ms']:.0f} | {r['spread_ms'][0]:.0f}–{r['spread_ms'][1]:.0f} | {r['tok_per_s']:,.0f} "
+              f"| {fmt(r['time_vs_standard'], '.3f')} | {fmt(r['time_vs_attnres'], '.3f')} "
+              f"| {r['flops_per_token'] / 1e9:.3f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} "
+              f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} |")
+    if cfg['json']:
+        with open(cfg['json'], 'a') as f:
+            for r in rows:
+                f.write(json.dumps(r) + '\n')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])
