@@ -10,12 +10,11 @@ shape, measured side by side in one run.
 A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
 rounds (the order rotates every round) so that drifting machine load does not favour one; the
 reported time is the median over all timed steps. Peak memory is measured for each mode in a fresh
-subprocess (CUDA: max allocated; CPU: peak resident set size, which includes ~0.3 GB of libraries).
+subprocess (CUDA: max allocated; CPU: peak resident set size, VmHWM, which includes ~0.3 GB of libraries).
 """
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
     n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
     device='auto', dtype='float32', compile=False,
-    rounds=3, steps=3, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
+    rounds=5, steps=3, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
     memory=True, peak_flops=0.0, seed=0,
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
     json='',                      # append one JSON object per mode to this file
@@ -61,11 +60,20 @@ def make_step(runner, optimizer, x, y, device, ptdtype):
     return step
 
 
-def peak_memory_of(cfg, mode, argv):
-    """Run this script for one mode in a fresh process and read back its peak memory in bytes."""
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f'--probe={mode}'],
-                         capture_output=True, text=True, check=True)
+def peak_memory_of(mode, argv):
+    """Run this script for one mode in a fresh process and read back its peak memory in bytes. On CPU
+    the probe keeps glibc's default allocator: the tuned one never gives memory back, so its peak
+    measures fragmentation more than need."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f'--probe={mode}',
+                          '--cpu_malloc_tuning=False'], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss():
+    # VmHWM: this process's peak resident set. (getrusage's ru_maxrss would not do: Linux keeps it
+    # across exec, so a child would report its parent's peak.)
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmHWM:'))
 
 
 def main(argv):
@@ -86,8 +94,8 @@ def main(argv):
             step()
         if device.startswith('cuda'):
             print(torch.cuda.max_memory_allocated())
-        else:  # ru_maxrss is in KiB on Linux
-            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        else:
+            print(peak_rss())
         return
 
     modes = cfg['modes'].split(',')
@@ -99,6 +107,7 @@ def main(argv):
           f"S={cfg['attnres_block_size']}, {device} {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}"
           + (f", cpu_malloc_tuning={cfg['cpu_malloc_tuning']}" if device == 'cpu' else ''))
+    memory = {m: peak_memory_of(m, argv) for m in modes} if cfg['memory'] else {}
     models, steps = {}, {}
     for mode in modes:
         models[mode] = build(cfg, mode, device)
@@ -114,7 +123,6 @@ def main(argv):
                 steps[mode]()
                 times[mode].append(time.perf_counter() - t0)
     peak = cfg['peak_flops'] or detect_peak_flops(device)
-    memory = {m: peak_memory_of(cfg, m, argv) for m in modes} if cfg['memory'] else {}
 
     base = {m: statistics.median(times[m]) for m in modes}
     rows = []

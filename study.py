@@ -1,0 +1,115 @@
+"""
+The paired study at CPU scale (README: "Results at CPU scale"): SPEC §3's protocol shrunk to a
+2-core machine, on real English text that ships in Debian packages.
+
+    apt-get install python3.11-doc bible-kjv       # the corpus: Python's reST docs + the King James Bible
+    python study.py corpus                         # -> data/study_src/corpus.jsonl -> data/study/*.bin
+    nohup python study.py run > study.log 2>&1 &   # every run in order; a restart skips finished runs
+    python study.py report                         # tables and plots into study/
+
+Order of the runs: five seeds x {attnres, rd_attnres} (pairs complete early), then five seeds of
+standard, then the early budget: attnres and the three controls, five seeds each. Every run is a
+plain `python train.py config/study_cpu.py --residual=... --seed=...` into study/runs/<budget>/<mode>_s<seed>;
+an interrupted run resumes from its checkpoint. Only config.json and log.jsonl are committed.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEEDS = [1, 2, 3, 4, 5]
+EARLY_ITERS = 150   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
+PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
+
+
+def queue():
+    runs = []
+    for seed in SEEDS:
+        runs += [('main', mode, seed) for mode in ('attnres', 'rd_attnres')]
+    runs += [('main', 'standard', seed) for seed in SEEDS]
+    for seed in SEEDS:
+        runs += [('early', mode, seed) for mode in ('attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')]
+    return runs
+
+
+def run_dir(budget, mode, seed):
+    return os.path.join(HERE, 'study', 'runs', budget, f'{mode}_s{seed}')
+
+
+def is_finished(path):
+    try:
+        max_iters = json.load(open(os.path.join(path, 'config.json')))['max_iters']
+        return any(json.loads(line).get('step') == max_iters and 'val_loss' in json.loads(line)
+                   for line in open(os.path.join(path, 'log.jsonl')))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def kjv_chapters():
+    """The King James Bible from Debian's bible-kjv, one document per chapter."""
+    out = subprocess.run(['bible', '-f', 'Genesis 1:1-Revelation 22:21'], capture_output=True, text=True,
+                         check=True).stdout
+    chapters = {}
+    for line in out.splitlines():
+        m = re.match(r'^(\w+?)(\d+):(\d+) (.*)$', line)  # "Ge1:1 In the beginning ..."
+        if m:
+            chapters.setdefault((m.group(1), int(m.group(2))), []).append(m.group(4))
+    return ['\n'.join(verses) for verses in chapters.values()]
+
+
+def corpus():
+    if not os.path.isdir(PY_DOCS) or not shutil.which('bible'):
+        raise SystemExit("the study corpus needs Debian's packages: apt-get install python3.11-doc bible-kjv")
+    docs = [open(p, encoding='utf-8').read() for p in sorted(glob.glob(f'{PY_DOCS}/**/*.rst.txt', recursive=True))]
+    bible = kjv_chapters()
+    os.makedirs(os.path.join(HERE, 'data', 'study_src'), exist_ok=True)
+    path = os.path.join(HERE, 'data', 'study_src', 'corpus.jsonl')
+    with open(path + '.tmp', 'w') as f:
+        for text in docs + bible:
+            f.write(json.dumps({'text': text}) + '\n')
+    os.replace(path + '.tmp', path)
+    print(f"{path}: {len(docs)} Python documentation pages + {len(bible)} Bible chapters")
+    subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input', path, '--name', 'study',
+                    '--val_fraction', '0.05', '--data_dir', os.path.join(HERE, 'data')], check=True)
+
+
+def run_all():
+    for budget, mode, seed in queue():
+        path = run_dir(budget, mode, seed)
+        if is_finished(path):
+            print(f"done already: {path}", flush=True)
+            continue
+        args = [sys.executable, os.path.join(HERE, 'train.py'), os.path.join(HERE, 'config', 'study_cpu.py'),
+                f'--residual={mode}', f'--seed={seed}', f'--out_dir={path}']
+        if budget == 'early':
+            args.append(f'--max_iters={EARLY_ITERS}')
+        if os.path.exists(os.path.join(path, 'ckpt.pt')):
+            args.append('--init_from=resume')
+        print(f"running: {' '.join(args[2:])}", flush=True)
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, 'train.out'), 'a') as log:
+            subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=HERE)
+
+
+def report():
+    import compare
+    out = os.path.join(HERE, 'study')
+    for budget in ('main', 'early'):
+        runs = glob.glob(os.path.join(out, 'runs', budget, '*'))
+        if not runs:
+            continue
+        argv = runs + ['--json', os.path.join(out, f'results_{budget}.json'), '--plot', os.path.join(out, 'plots')]
+        print(f"## {budget} budget\n")
+        compare.main(argv)
+
+
+if __name__ == '__main__':
+    commands = {'corpus': corpus, 'run': run_all, 'report': report}
+    if len(sys.argv) != 2 or sys.argv[1] not in commands:
+        raise SystemExit(f"usage: python study.py {{{'|'.join(commands)}}}")
+    commands[sys.argv[1]]()
