@@ -9,7 +9,8 @@ shape, measured side by side in one run.
 
 A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
 rounds (the order rotates every round) so that drifting machine load does not favour one; the
-reported time is the median over all timed steps. Peak memory is measured for each mode in a fresh
+reported time is the median over all timed steps, and a ratio between two modes is the median over
+rounds of their per-round ratio (load that changes between rounds cancels out). Peak memory is measured for each mode in a fresh
 subprocess (CUDA: max allocated; CPU: peak resident set size, VmHWM, which includes ~0.3 GB of libraries).
 """
 
@@ -30,7 +31,7 @@ DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
     n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
     device='auto', dtype='float32', compile=False,
-    rounds=5, steps=3, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
+    rounds=12, steps=1, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
     memory=True, peak_flops=0.0, seed=0,
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
     json='',                      # append one JSON object per mode to this file
@@ -114,29 +115,35 @@ def main(argv):
         steps[mode] = make_step(models[mode][1], models[mode][2], x, y, device, ptdtype)
         for _ in range(cfg['warmup']):       # includes compilation under --compile
             steps[mode]()
-    times = {m: [] for m in modes}
+    times = {m: [] for m in modes}          # times[mode][round] = the timed steps of that round
     for r in range(cfg['rounds']):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for mode in order:
+            times[mode].append([])
             for _ in range(cfg['steps']):
                 t0 = time.perf_counter()
                 steps[mode]()
-                times[mode].append(time.perf_counter() - t0)
+                times[mode][-1].append(time.perf_counter() - t0)
     peak = cfg['peak_flops'] or detect_peak_flops(device)
 
-    base = {m: statistics.median(times[m]) for m in modes}
+    def ratio(mode, ref):
+        # the median over rounds of the per-round ratio: load that drifts between rounds cancels out
+        if ref not in times:
+            return None
+        return statistics.median(statistics.median(a) / statistics.median(b) for a, b in zip(times[mode], times[ref]))
+
     rows = []
     for mode in modes:
         model = models[mode][0]
-        dt = base[mode]
+        flat = [t for rnd in times[mode] for t in rnd]
+        dt = statistics.median(flat)
         row = dict(mode=mode, step_ms=1000 * dt, tok_per_s=tokens / dt, params=model.get_num_params(),
                    flops_per_token=model.flops_per_token(cfg['block_size']),
                    mfu=model.estimate_mfu(tokens, dt, peak, cfg['block_size']) if peak else None,
-                   time_vs_standard=dt / base['standard'] if 'standard' in base else None,
-                   time_vs_attnres=dt / base['attnres'] if 'attnres' in base else None,
+                   time_vs_standard=ratio(mode, 'standard'), time_vs_attnres=ratio(mode, 'attnres'),
                    peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
                    mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
-                   spread_ms=[1000 * min(times[mode]), 1000 * max(times[mode])], config=cfg)
+                   spread_ms=[1000 * min(flat), 1000 * max(flat)], config=cfg)
         rows.append(row)
     fmt = lambda v, f: '-' if v is None else format(v, f)  # noqa: E731
     print("| mode | step ms (median) | min–max ms | tok/s | × standard | × attnres | GFLOP/token | MFU | peak MB | mem × standard |")

@@ -196,6 +196,7 @@ class Block(nn.Module):
         return x[0], x[-1], alpha                          # with one route, Q/K and V read the same x
 
     def mlp_input(self, values, inv_rms):
+        """The MLP sublayer's input: one read with its own pseudo-query (unchanged by RD-AttnRes)."""
         h, alpha = depth_read(values, inv_rms, (self.mlp_query * self.mlp_key_norm.weight)[None])
         return self.norm_mlp(h[0]), alpha
 
@@ -398,6 +399,7 @@ def routing_summary(routing):
         v = by_key.get((layer, 'v'), qk)
         rows.append(dict(layer=layer, js_qk_v=js_divergence(qk['alpha'], v['alpha']),
                          entropy_qk=entropy(qk['alpha']), entropy_v=entropy(v['alpha']),
-                         token_entropy_qk=float(qk['token_entropy']) + 0.0, token_entropy_v=float(v['token_entropy']) + 0.0,
+                         token_entropy_qk=float(qk['token_entropy']) + 0.0,   # + 0.0: no -0.0 in logs
+                         token_entropy_v=float(v['token_entropy']) + 0.0,
                          depth_qk=mean_depth(qk['alpha']), depth_v=mean_depth(v['alpha'])))
     return rows

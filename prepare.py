@@ -262,7 +262,9 @@ def main(argv=None):
     out_dir = os.path.join(args.data_dir, args.name)
     meta = dict(args={k: getattr(args, k) for k in ('dataset', 'input', 'text_column', 'max_tokens',
                                                      'val_tokens', 'val_fraction')})
-    if source != 'local':
+    if source == 'local':
+        meta['args']['dataset'] = None
+    else:
         meta['args']['input'] = None
     if not args.force and is_complete(out_dir, meta):
         print(f"{out_dir} is already complete for these arguments (use --force to rebuild)")

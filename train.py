@@ -256,9 +256,10 @@ def main(argv):
         raise SystemExit(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}")
     elif master and os.path.exists(log_path):
         os.remove(log_path)  # a fresh run starts a fresh log
-    raw_model = model
+    raw_model = model                   # the plain module: checkpoints, routing diagnostics
     if cfg['compile']:
         model = torch.compile(model)
+    eval_model = model                  # compiled if asked, without the DDP wrapper
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == 'cuda' else None)
     peak = cfg['peak_flops'] or detect_peak_flops(dev)
@@ -287,7 +288,7 @@ def main(argv):
         for i in range(0, len(mine), cfg['eval_batch_size']):
             x, y = get_windows(val_data, mine[i:i + cfg['eval_batch_size']], T)
             with ctx:
-                _, loss = raw_model(x.to(dev), y.to(dev))
+                _, loss = eval_model(x.to(dev), y.to(dev))
             total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=dev)
         if ddp:
             torch.distributed.all_reduce(total)

@@ -1,0 +1,27 @@
+# The paired study at CPU scale (python study.py run; README "Results at CPU scale"). Frozen before
+# the first run: every arm uses exactly these values and differs only in `residual` (given on the
+# command line by study.py, like the seed).
+out_dir = 'study/runs/main/{residual}_s{seed}'
+dataset = 'study'             # Python 3.11 reST docs + King James Bible (python study.py corpus)
+# model: deep enough for routing to matter (16 sublayers in 4 blocks), narrow enough for 2 cores
+n_layer = 8
+n_head = 4
+n_embd = 128
+attnres_block_size = 4
+block_size = 256
+# 200 steps of 16 x 256 = 4096 tokens: 0.82M training tokens per run
+batch_size = 16
+total_batch_size = 4096
+max_iters = 200
+warmup_iters = 20
+learning_rate = 3e-3
+min_lr_ratio = 0.1
+weight_decay = 0.1
+grad_clip = 1.0
+# the same 131072 held-out tokens (512 windows) at every eval, for every arm
+eval_interval = 50
+eval_tokens = 131072
+eval_batch_size = 32
+log_interval = 10
+device = 'cpu'
+dtype = 'float32'
