@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
-EARLY_ITERS = 150   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
+EARLY_ITERS = 100   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
 PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
 
 
