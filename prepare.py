@@ -33,7 +33,7 @@ EOT = 50256  # GPT-2's <|endoftext|>
 
 DEFAULTS = {  # dataset -> defaults that depend on it
     'fineweb-edu': dict(name='fineweb_edu', max_tokens=2_100_000_000, val_tokens=10_000_000, val_fraction=0.005),
-    'tiny': dict(name='tiny', max_tokens=10**12, val_tokens=10**12, val_fraction=0.1),
+    'tiny': dict(name='tiny', max_tokens=10**12, val_tokens=10**12, val_fraction=0.15),
     'local': dict(name='local', max_tokens=10**12, val_tokens=10_000_000, val_fraction=0.05),
 }
 
@@ -102,11 +102,23 @@ def write_json(path, obj):
 # -----------------------------------------------------------------------------
 # Sources of documents (each yields strings)
 
-def tiny_documents():
-    """The built-in corpus: Python's own help-topic texts (pydoc_data.topics), in sorted order.
-    It ships with every CPython, so the quickstart needs no download."""
+def tiny_documents(piece_chars=1500):
+    """The built-in corpus: Python's own help-topic texts (pydoc_data.topics), which ship with every
+    CPython, so the quickstart needs no download. Each topic is cut into pieces of whole paragraphs
+    of about piece_chars characters: the hash-based split then draws from several hundred documents,
+    and the size of the validation set barely depends on the Python version's texts."""
     from pydoc_data.topics import topics
-    return [topics[k] for k in sorted(topics)]
+    docs = []
+    for key in sorted(topics):
+        piece = ''
+        for paragraph in topics[key].split('\n\n'):
+            if piece and len(piece) + len(paragraph) > piece_chars:
+                docs.append(piece)
+                piece = ''
+            piece = piece + '\n\n' + paragraph if piece else paragraph
+        if piece:
+            docs.append(piece)
+    return docs
 
 
 def fineweb_documents():
