@@ -18,7 +18,7 @@ import math
 import os
 import sys
 
-from train import FROZEN_ON_RESUME
+from train import FROZEN_ON_RESUME, atomic_write_text
 
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'attnres': 'standard'}
@@ -275,9 +275,7 @@ def main(argv=None):
                          "both evaluated at the step compared (use --step for runs in progress)")
     print(markdown(results))
     if args.json:
-        with open(args.json + '.tmp', 'w') as f:
-            json.dump(results, f, indent=2)
-        os.replace(args.json + '.tmp', args.json)
+        atomic_write_text(args.json, json.dumps(results, indent=2))
     if args.plot:
         for path in plot(results, groups, args.plot):
             print(f"wrote {path}")

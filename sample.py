@@ -13,6 +13,7 @@ import torch
 
 from configurator import configure
 from model import GPT, GPTConfig
+from train import MODEL_KEYS
 
 DEFAULTS = dict(
     out_dir='out/quickstart',
@@ -58,8 +59,7 @@ def main(argv):
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
     saved = ckpt['config']
-    model = GPT(GPTConfig(vocab_size=50304, **{k: saved[k] for k in (
-        'n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')}))
+    model = GPT(GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS}))
     model.load_state_dict(ckpt['model'])
     model.eval().to(device)
 

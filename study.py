@@ -44,8 +44,8 @@ def run_dir(budget, mode, seed):
 def is_finished(path):
     try:
         max_iters = json.load(open(os.path.join(path, 'config.json')))['max_iters']
-        return any(json.loads(line).get('step') == max_iters and 'val_loss' in json.loads(line)
-                   for line in open(os.path.join(path, 'log.jsonl')))
+        rows = [json.loads(line) for line in open(os.path.join(path, 'log.jsonl'))]
+        return any(r.get('step') == max_iters and 'val_loss' in r for r in rows)
     except (OSError, ValueError, KeyError):
         return False
 

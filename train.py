@@ -346,11 +346,12 @@ def main(argv):
         for micro in range(grad_accum):
             x, y = get_windows(train_data, mine[micro * B:(micro + 1) * B], T)
             if device_type == 'cuda':
-                x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             if ddp:  # synchronise gradients on the last micro-step only
                 model.require_backward_grad_sync = micro == grad_accum - 1
             with ctx:
-                _, loss = model(x.to(dev), y.to(dev))
+                _, loss = model(x, y)
                 loss = loss / grad_accum
             loss_sum += loss.detach()
             scaler.scale(loss).backward()
