@@ -21,10 +21,11 @@ import sys
 from train import FROZEN_ON_RESUME, atomic_write_text
 
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
-          'attnres': 'standard'}
-ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v']
+          'ctrl_mix': 'attnres', 'attnres': 'standard'}
+ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix']
 # what must be equal within a pair, besides the seed; residual is what differs
-FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size') if k not in ('residual', 'seed'))
+FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size', 'dtype')
+               if k not in ('residual', 'seed'))
 GROUP_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'max_iters')
 
 
@@ -220,7 +221,7 @@ def plot(results, groups, out_dir):
         plt.close(fig)
         written.append(path)
     for by_mode in groups.values():
-        for mode in ('rd_attnres', 'ctrl_fixed_v', 'ctrl_dup'):
+        for mode in ('rd_attnres', 'ctrl_fixed_v', 'ctrl_dup'):   # the modes with a V route of their own
             for seed, run in sorted(by_mode.get(mode, {}).items()):
                 routed = [(s, e['routing']) for s, e in sorted(run['evals'].items()) if e.get('routing')]
                 if not routed:

@@ -6,7 +6,8 @@ A GPT language model with three kinds of residual connection, selected by one fl
     residual='rd_attnres'  the same read twice before attention: one route for Q/K,
                            one for V (Role-Decoupled Attention Residuals)
 
-plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v).
+plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v) and
+ctrl_mix, our control for "two reads are simply a richer input" (two routes averaged, roles coupled).
 Everything else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms,
 rotary position embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 The technical reference is SPEC.md (§ numbers below point into it).
@@ -19,9 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')
-# modes whose attention sublayer reads the depth sources twice (a Q/K route and a V route)
-TWO_ROUTE_MODES = ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v')
+RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
+# modes whose attention sublayer reads the depth sources twice (rd_attnres's cost)
+TWO_ROUTE_MODES = ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
 RMS_EPS = 1e-6
 
 
@@ -176,6 +177,8 @@ class Block(nn.Module):
             self.register_buffer('value_query', torch.zeros(d))         # frozen at zero: V reads uniformly
         elif mode == 'ctrl_params':
             self.attn_input_gain = nn.Parameter(torch.ones(d))          # the extra vector, spent as a gain
+        elif mode == 'ctrl_mix':
+            self.mix_query = nn.Parameter(torch.zeros(d))               # a second Q/K/V route, averaged in
 
     def attn_input(self, values, inv_rms):
         """Build the attention sublayer's two inputs (for Q/K and for V) from the depth sources.
@@ -187,9 +190,15 @@ class Block(nn.Module):
         elif self.residual == 'ctrl_dup':
             # the read executed twice with the same pseudo-query: rd_attnres's cost, attnres's function
             queries = torch.stack([self.attn_query, self.attn_query]) * gain
+        elif self.residual == 'ctrl_mix':
+            # two learned reads, averaged into the one input of Q, K and V: rd_attnres's parameters and
+            # cost, a richer (possibly bimodal) depth mixture, but the roles stay coupled
+            queries = torch.stack([self.attn_query, self.mix_query]) * gain
         else:
             queries = (self.attn_query * gain)[None]      # attnres, ctrl_params: one route for Q, K and V
         h, alpha = depth_read(values, inv_rms, queries)    # (R, B, T, d)
+        if self.residual == 'ctrl_mix':
+            h = 0.5 * (h[0] + h[1])[None]                  # = one read with alpha = (alpha_1 + alpha_2) / 2
         if self.residual == 'ctrl_params':
             h = h * self.attn_input_gain
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
@@ -286,7 +295,8 @@ class GPT(nn.Module):
                     x, alpha = block.mlp_input(sources, source_inv_rms)
                     out = block.mlp(x)
                 if self.record_routing:
-                    routes = ('qk', 'v') if alpha.size(0) == 2 else ('qk',) if kind == 'attn' else ('mlp',)
+                    routes = (('qk', 'mix') if self.config.residual == 'ctrl_mix' else ('qk', 'v')) \
+                        if alpha.size(0) == 2 else ('qk',) if kind == 'attn' else ('mlp',)
                     for r, route in enumerate(routes):
                         self._record(sublayer, layer, route, alpha[r])
                 partial = fp32(out) if partial is None else partial + fp32(out)
@@ -390,7 +400,9 @@ def js_divergence(p, q):
 
 def routing_summary(routing):
     """Per attention sublayer: QK-vs-V divergence, each route's entropy and mean depth.
-    A mode with one route (attnres, ctrl_params) reads V from the QK route: divergence 0."""
+    A mode with one route (attnres, ctrl_params) reads V from the QK route: divergence 0.
+    ctrl_mix's two reads both feed Q, K and V (V = QK route, divergence 0); js_mix is how far apart
+    its two reads are, i.e. how far its input is from a single softmax over depth."""
     by_key = {(r['layer'], r['route']): r for r in routing}
     rows = []
     for (layer, route), qk in sorted(by_key.items()):
@@ -402,4 +414,6 @@ def routing_summary(routing):
                          token_entropy_qk=float(qk['token_entropy']) + 0.0,   # + 0.0: no -0.0 in logs
                          token_entropy_v=float(v['token_entropy']) + 0.0,
                          depth_qk=mean_depth(qk['alpha']), depth_v=mean_depth(v['alpha'])))
+        if (layer, 'mix') in by_key:
+            rows[-1]['js_mix'] = js_divergence(qk['alpha'], by_key[(layer, 'mix')]['alpha'])
     return rows

@@ -8,7 +8,8 @@ The paired study at CPU scale (README: "Results at CPU scale"): SPEC §3's proto
     python study.py report                         # tables and plots into study/
 
 Order of the runs: five seeds x {attnres, rd_attnres} (pairs complete early), then five seeds of
-standard, then the early budget: attnres and the three controls, five seeds each. Every run is a
+standard, then the early budget: attnres and the four controls, five seeds each, then the noise
+floor: attnres and ctrl_dup at the early budget in float32 (instead of bf16 autocast), three seeds. Every run is a
 plain `python train.py config/study_cpu.py --residual=... --seed=...` into study/runs/<budget>/<mode>_s<seed>;
 an interrupted run resumes from its checkpoint. Only config.json and log.jsonl are committed.
 """
@@ -24,6 +25,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
 EARLY_ITERS = 100   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
+NOISE_SEEDS = [1, 2, 3]
+# budget folder -> the arguments it adds to config/study_cpu.py
+BUDGETS = {'main': [], 'early': [f'--max_iters={EARLY_ITERS}'],
+           'early_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32']}
 PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
 
 
@@ -34,6 +39,9 @@ def queue():
     runs += [('main', 'standard', seed) for seed in SEEDS]
     for seed in SEEDS:
         runs += [('early', mode, seed) for mode in ('attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')]
+    runs += [('early', 'ctrl_mix', seed) for seed in SEEDS]   # added after the first 40 runs (README)
+    for seed in NOISE_SEEDS:
+        runs += [('early_fp32', mode, seed) for mode in ('attnres', 'ctrl_dup')]
     return runs
 
 
@@ -85,9 +93,7 @@ def run_all():
             print(f"done already: {path}", flush=True)
             continue
         args = [sys.executable, os.path.join(HERE, 'train.py'), os.path.join(HERE, 'config', 'study_cpu.py'),
-                f'--residual={mode}', f'--seed={seed}', f'--out_dir={path}']
-        if budget == 'early':
-            args.append(f'--max_iters={EARLY_ITERS}')
+                f'--residual={mode}', f'--seed={seed}', f'--out_dir={path}', *BUDGETS[budget]]
         if os.path.exists(os.path.join(path, 'ckpt.pt')):
             args.append('--init_from=resume')
         print(f"running: {' '.join(args[2:])}", flush=True)
@@ -99,7 +105,7 @@ def run_all():
 def report():
     import compare
     out = os.path.join(HERE, 'study')
-    for budget in ('main', 'early'):
+    for budget in BUDGETS:
         runs = glob.glob(os.path.join(out, 'runs', budget, '*'))
         if not runs:
             continue

@@ -26,7 +26,7 @@ from model import (GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, inverse_
                    mean_depth, routing_summary)
 
 VOCAB = 97
-QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query')
+QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'mix_query')
 
 
 def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64):
@@ -122,7 +122,7 @@ def test_untied_value_route_changes_the_function():
 # ---------------------------------------------------------------------------------------------
 # 2. Equal at init (property 2), and ctrl_dup equal always
 
-@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params'])
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params', 'ctrl_mix'])
 def test_modes_equal_attnres_at_init(mode):
     idx, targets = batch()
     assert_same_function(make('attnres'), make(mode), idx, targets)
@@ -134,6 +134,37 @@ def test_ctrl_dup_equals_attnres_after_perturbation():
     dup = make('ctrl_dup')
     copy_shared(parent, dup)
     assert_same_function(parent, dup, idx, targets)
+
+
+@pytest.mark.parametrize('S', [1, 2, 3])
+def test_ctrl_mix_with_tied_queries_is_attnres(S):
+    # tying the second read's query to the first: the average of two equal reads is the read itself
+    idx, targets = batch()
+    parent = perturb(make('attnres', S))
+    mix = make('ctrl_mix', S)
+    copy_shared(parent, mix)
+    for block in mix.transformer.h:
+        block.mix_query = block.attn_query
+    loss_p, loss_m = assert_same_function(parent, mix, idx, targets)
+    loss_p.backward()
+    loss_m.backward()
+    grads = dict(mix.named_parameters())
+    for name, p in parent.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_ctrl_mix_untied_is_another_function_with_coupled_roles():
+    idx, targets = batch()
+    parent = perturb(make('attnres'))
+    mix = make('ctrl_mix')
+    copy_shared(parent, mix)
+    perturb(mix, seed=7)
+    with torch.no_grad():
+        for bp, bm in zip(parent.transformer.h, mix.transformer.h):
+            bm.attn_query.copy_(bp.attn_query)
+    assert (parent(idx, targets)[1] - mix(idx, targets)[1]).abs() > 1e-6
+    # coupled: Q, K and V read one input, the average of the two reads (the literal reference checks it)
+    torch.testing.assert_close(mix(idx, targets)[0], reference_forward(mix, idx), rtol=1e-10, atol=1e-10)
 
 
 def test_ctrl_params_gain_changes_the_function():
@@ -157,6 +188,7 @@ def test_parameter_delta_is_one_vector_per_attention_sublayer(n_layer):
     d = 16
     assert counts['rd_attnres'] - counts['attnres'] == n_layer * d
     assert counts['ctrl_params'] - counts['attnres'] == n_layer * d
+    assert counts['ctrl_mix'] - counts['attnres'] == n_layer * d
     assert counts['ctrl_dup'] == counts['attnres'] == counts['ctrl_fixed_v']
     # the parent adds, per read point (2 per layer + the final read), a pseudo-query and a key gain
     assert counts['attnres'] - counts['standard'] == 2 * (2 * n_layer + 1) * d
@@ -173,7 +205,7 @@ def test_fixed_value_query_is_a_buffer_not_a_parameter():
 def test_pseudo_queries_are_named_and_zero():
     model = make('rd_attnres')
     names = [n for n, _ in model.named_parameters() if n.split('.')[-1] in QUERY_NAMES]
-    assert sorted({n.split('.')[-1] for n in names}) == sorted(QUERY_NAMES)
+    assert sorted({n.split('.')[-1] for n in names}) == sorted(set(QUERY_NAMES) - {'mix_query'})
     assert len(names) == 3 * 3 + 1
     assert all((p == 0).all() for n, p in model.named_parameters() if n in names)
 
@@ -220,6 +252,8 @@ def reference_forward(model, idx):
         if kind == 'attn':
             h_qk = read(block.attn_query, block.attn_key_norm, sources)
             h_v = read(block.value_query, block.attn_key_norm, sources) if mode == 'rd_attnres' else h_qk
+            if mode == 'ctrl_mix':   # two reads averaged, one input for Q, K and V
+                h_qk = h_v = 0.5 * (h_qk + read(block.mix_query, block.attn_key_norm, sources))
             out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
         else:
             out = block.mlp(block.norm_mlp(read(block.mlp_query, block.mlp_key_norm, sources)))
@@ -229,7 +263,7 @@ def reference_forward(model, idx):
     return model.lm_head(model.transformer.ln_f(h))
 
 
-@pytest.mark.parametrize('mode', ['attnres', 'rd_attnres'])
+@pytest.mark.parametrize('mode', ['attnres', 'rd_attnres', 'ctrl_mix'])
 @pytest.mark.parametrize('S', [1, 2, 3, 6, 50])   # Full AttnRes, even, odd (splits blocks), S = L, S > L
 def test_model_matches_literal_reference(mode, S):
     idx, targets = batch()
@@ -312,9 +346,9 @@ def test_routing_records_every_read_point(mode, S):
     model(idx, targets)
     L = 8
     routes = {(r['sublayer'], r['route']): r['alpha'] for r in model.routing}
-    two = mode in ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v')
+    two = mode in ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
     expected = {(l, 'qk' if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
-    expected |= {(l, 'v') for l in range(0, L, 2)} if two else set()
+    expected |= {(l, 'mix' if mode == 'ctrl_mix' else 'v') for l in range(0, L, 2)} if two else set()
     assert set(routes) == expected
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
@@ -376,6 +410,11 @@ def test_summary_helpers():
     parent.record_routing = True
     parent(*batch())
     assert all(r['js_qk_v'] == 0.0 for r in routing_summary(parent.routing))
+    mix = perturb(make('ctrl_mix', n_layer=3))   # coupled roles: V = QK; its two reads differ (js_mix)
+    mix.record_routing = True
+    mix(*batch())
+    rows = routing_summary(mix.routing)
+    assert all(r['js_qk_v'] == 0.0 for r in rows) and all(r['js_mix'] > 1e-4 for r in rows[1:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +429,7 @@ def test_every_pseudo_query_gets_a_gradient(mode):
         if name.split('.')[-1] not in QUERY_NAMES:
             continue
         assert p.grad is not None, name                    # present, so DDP never waits for it
-        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query')):
+        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query', 'mix_query')):
             assert torch.equal(p.grad, torch.zeros_like(p)), name   # one source: softmax is constant 1
         else:
             assert p.grad.abs().max() > 0, name

@@ -10,8 +10,10 @@ def test_queue_completes_pairs_first_then_standard_then_the_controls():
     q = study.queue()
     assert q[:4] == [('main', 'attnres', 1), ('main', 'rd_attnres', 1), ('main', 'attnres', 2), ('main', 'rd_attnres', 2)]
     assert [m for _, m, _ in q[10:15]] == ['standard'] * 5
-    assert {m for b, m, _ in q[15:]} == {'attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v'}
-    assert all(b == 'early' for b, _, _ in q[15:]) and len(q) == 35 and len(set(q)) == 35
+    assert {m for b, m, _ in q[15:40]} == {'attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix'}
+    assert all(b == 'early' for b, _, _ in q[15:40]) and [m for _, m, _ in q[35:40]] == ['ctrl_mix'] * 5
+    assert q[40:] == [('early_fp32', m, s) for s in (1, 2, 3) for m in ('attnres', 'ctrl_dup')]
+    assert len(q) == 46 and len(set(q)) == 46
 
 
 def test_restart_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
@@ -36,4 +38,4 @@ def test_restart_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monk
     assert calls[0][3:5] == ['--residual=rd_attnres', '--seed=1'] and calls[0][-1] == '--init_from=resume'
     assert len(calls) == len(study.queue()) - 1
     early = [a for a in calls if f'--max_iters={study.EARLY_ITERS}' in a]
-    assert len(early) == 20
+    assert len(early) == 25 + 6 and sum('--dtype=float32' in a for a in calls) == 6
