@@ -141,9 +141,13 @@ def depth_read(values, inv_rms, queries):
     """
     # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
     # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
+    # Each logit is an elementwise product and a sum, not a matmul: on GPUs with allow_tf32 a matmul
+    # would round its float32 inputs to TF32's 10-bit mantissa. The read is memory-bound, so this
+    # costs about the same (under torch.compile the product and the sum fuse into one kernel).
     with torch.autocast(device_type=values[0].device.type, enabled=False):
-        q = queries.to(values[0].dtype).t()                                               # (d, R)
-        logits = torch.stack([(v @ q) * r for v, r in zip(values, inv_rms)], -1)   # (B, T, R, S)
+        q = queries.to(values[0].dtype)                                                   # (R, d)
+        logits = torch.stack([torch.stack([(v * w).sum(-1) for w in q], -1) * r          # (B, T, R)
+                              for v, r in zip(values, inv_rms)], -1)                      # (B, T, R, S)
         alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                         # (R, B, T, S)
         # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
         h = sum(alpha[..., s:s + 1] * v for s, v in enumerate(values))            # (R, B, T, d)

@@ -8,8 +8,9 @@ The paired study at CPU scale (README: "Results at CPU scale"): SPEC §3's proto
     python study.py report                         # tables and plots into study/
 
 Order of the runs: five seeds x {attnres, rd_attnres} (pairs complete early), then five seeds of
-standard, then the early budget: attnres and the four controls, five seeds each, then the noise
-floor: attnres and ctrl_dup at the early budget in float32 (instead of bf16 autocast), three seeds. Every run is a
+standard, then the early budget: attnres and the paper's three controls, five seeds each. Then a
+second set on a rebuilt corpus: ctrl_mix and its attnres parents (five seeds), and the noise floor,
+attnres vs ctrl_dup in bf16 and in float32 (three seeds). Every run is a
 plain `python train.py config/study_cpu.py --residual=... --seed=...` into study/runs/<budget>/<mode>_s<seed>;
 an interrupted run resumes from its checkpoint. Only config.json and log.jsonl are committed.
 """
@@ -27,8 +28,8 @@ SEEDS = [1, 2, 3, 4, 5]
 EARLY_ITERS = 100   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
 NOISE_SEEDS = [1, 2, 3]
 # budget folder -> the arguments it adds to config/study_cpu.py
-BUDGETS = {'main': [], 'early': [f'--max_iters={EARLY_ITERS}'],
-           'early_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32']}
+BUDGETS = {'main': [], 'early': [f'--max_iters={EARLY_ITERS}'], 'early2': [f'--max_iters={EARLY_ITERS}'],
+           'early2_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32']}
 PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
 
 
@@ -39,9 +40,12 @@ def queue():
     runs += [('main', 'standard', seed) for seed in SEEDS]
     for seed in SEEDS:
         runs += [('early', mode, seed) for mode in ('attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')]
-    runs += [('early', 'ctrl_mix', seed) for seed in SEEDS]   # added after the first 40 runs (README)
-    for seed in NOISE_SEEDS:
-        runs += [('early_fp32', mode, seed) for mode in ('attnres', 'ctrl_dup')]
+    # Second set (README: "The second set"), on a rebuilt corpus: ctrl_mix with its own attnres
+    # parents, and the noise floor: attnres vs ctrl_dup in bf16 and in float32. Whole seeds first.
+    for seed in SEEDS:
+        runs += [('early2', 'attnres', seed), ('early2', 'ctrl_mix', seed)]
+        if seed in NOISE_SEEDS:
+            runs += [('early2', 'ctrl_dup', seed), ('early2_fp32', 'attnres', seed), ('early2_fp32', 'ctrl_dup', seed)]
     return runs
 
 
