@@ -6,6 +6,7 @@ shape, measured side by side in one run.
     python bench.py --compile=True                    # the same under torch.compile
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
+    python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
 
 A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
 rounds (the order rotates every round) so that drifting machine load does not favour one; the
@@ -23,9 +24,9 @@ import time
 
 import torch
 
+from common import resolve_device, resolve_dtype, tune_cpu_allocator
 from configurator import configure
 from model import GPT, GPTConfig, RESIDUAL_MODES, detect_peak_flops
-from train import tune_cpu_allocator
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
@@ -36,6 +37,10 @@ DEFAULTS = dict(
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
     json='',                      # append one JSON object per mode to this file
     probe='',                     # internal: measure the peak memory of this one mode and exit
+    data=False,                   # instead: time train.py's host-side data work per step (no model)
+    data_windows=2_050_000,       # --data: windows of training data: FineWeb-Edu's 2.1B tokens at T=1024
+    data_ranks=8,                 # --data: processes that split a step (rank 0's share is timed)
+    data_steps=400,               # --data: steps timed
 )
 
 
@@ -57,8 +62,40 @@ def make_step(runner, optimizer, x, y, device, ptdtype):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if device.startswith('cuda'):
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)   # the device we were given, not the current one
     return step
+
+
+def bench_data(cfg):
+    """Host time of train.py's data work for one optimizer step: the step's windows from the seed-keyed
+    order (step_windows) and this rank's micro-batches cut out of the tokens (get_windows). The tokens
+    are an untouched in-memory array of data_windows windows (its pages read as zeros without any I/O),
+    i.e. a token file already in the page cache: what is timed is the loop's own work, not the disk."""
+    import numpy as np
+    from train import get_windows, step_windows
+    T, B, world = cfg['block_size'], cfg['batch_size'], cfg['data_ranks']
+    windows_per_step = 2 ** 19 // T
+    data = np.zeros(cfg['data_windows'] * T + 1, dtype=np.uint16)
+    times, cpu_times = [], []
+    for step in range(cfg['data_steps']):
+        t0, c0 = time.perf_counter(), time.process_time()
+        windows = step_windows(step, cfg['data_windows'], windows_per_step, seed=1)
+        mine = windows[:len(windows) // world]            # rank 0's share
+        for micro in range(0, len(mine), B):
+            get_windows(data, mine[micro:micro + B], T)
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+    rest = times[1:]
+    epoch_steps = cfg['data_windows'] // windows_per_step
+    print(f"data work per step, rank 0 of {world}: {windows_per_step} windows per step of 2^19 tokens, "
+          f"{len(mine) // B} micro-batches of {B} x {T}, {cfg['data_windows']:,} windows of data")
+    print(f"first step {1000 * times[0]:.1f} ms (it builds the epoch's permutation, which the loop used to "
+          f"rebuild every step); the next {len(rest)} steps: median {1000 * statistics.median(rest):.2f} ms, "
+          f"mean {1000 * statistics.mean(rest):.2f} ms, max {1000 * max(rest):.1f} ms; amortised over an epoch "
+          f"({epoch_steps:,} steps): {1000 * (times[0] + (epoch_steps - 1) * statistics.mean(rest)) / epoch_steps:.2f} ms")
+    print(f"CPU time of this process (what a busy machine's other work cannot inflate): first step "
+          f"{1000 * cpu_times[0]:.1f} ms, then mean {1000 * statistics.mean(cpu_times[1:]):.2f} ms; amortised over "
+          f"an epoch: {1000 * (cpu_times[0] + (epoch_steps - 1) * statistics.mean(cpu_times[1:])) / epoch_steps:.2f} ms")
 
 
 def peak_memory_of(mode, argv):
@@ -79,10 +116,12 @@ def peak_rss():
 
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    device = cfg['device'] if cfg['device'] != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
+    if cfg['data']:
+        return bench_data(cfg)
+    device = resolve_device(cfg['device'])
     if device == 'cpu' and cfg['cpu_malloc_tuning']:
         tune_cpu_allocator()
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[cfg['dtype']]
+    _, ptdtype = resolve_dtype(cfg['dtype'], device.split(':')[0])
     torch.backends.cuda.matmul.allow_tf32 = True
     g = torch.Generator().manual_seed(cfg['seed'])
     data = torch.randint(0, 50257, (cfg['batch_size'], cfg['block_size'] + 1), generator=g).to(device)
@@ -94,7 +133,7 @@ def main(argv):
         for _ in range(cfg['warmup'] + 1):
             step()
         if device.startswith('cuda'):
-            print(torch.cuda.max_memory_allocated())
+            print(torch.cuda.max_memory_allocated(device))
         else:
             print(peak_rss())
         return
@@ -109,12 +148,14 @@ def main(argv):
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}"
           + (f", cpu_malloc_tuning={cfg['cpu_malloc_tuning']}" if device == 'cpu' else ''))
     memory = {m: peak_memory_of(m, argv) for m in modes} if cfg['memory'] else {}
-    models, steps = {}, {}
+    models, steps, first_step = {}, {}, {}
     for mode in modes:
         models[mode] = build(cfg, mode, device)
         steps[mode] = make_step(models[mode][1], models[mode][2], x, y, device, ptdtype)
-        for _ in range(cfg['warmup']):       # includes compilation under --compile
+        for _ in range(cfg['warmup']):       # the first one includes compilation under --compile
+            t0 = time.perf_counter()
             steps[mode]()
+            first_step.setdefault(mode, time.perf_counter() - t0)
     times = {m: [] for m in modes}          # times[mode][round] = the timed steps of that round
     for r in range(cfg['rounds']):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -143,16 +184,18 @@ def main(argv):
                    time_vs_standard=ratio(mode, 'standard'), time_vs_attnres=ratio(mode, 'attnres'),
                    peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
                    mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
-                   spread_ms=[1000 * min(flat), 1000 * max(flat)], config=cfg)
+                   spread_ms=[1000 * min(flat), 1000 * max(flat)],
+                   first_step_s=first_step.get(mode), config=cfg)
         rows.append(row)
     fmt = lambda v, f: '-' if v is None else format(v, f)  # noqa: E731
-    print("| mode | step ms (median) | min–max ms | tok/s | × standard | × attnres | GFLOP/token | MFU | peak MB | mem × standard |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | step ms (median) | min–max ms | tok/s | × standard | × attnres | GFLOP/token | MFU | peak MB "
+          "| mem × standard | first step s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mode']} | {r['step_ms']:.0f} | {r['spread_ms'][0]:.0f}–{r['spread_ms'][1]:.0f} | {r['tok_per_s']:,.0f} "
               f"| {fmt(r['time_vs_standard'], '.3f')} | {fmt(r['time_vs_attnres'], '.3f')} "
               f"| {r['flops_per_token'] / 1e9:.3f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} "
-              f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} |")
+              f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} | {fmt(r['first_step_s'], '.1f')} |")
     if cfg['json']:
         with open(cfg['json'], 'a') as f:
             for r in rows:

@@ -8,7 +8,8 @@ The paper's paired table (and plots) from run directories written by train.py.
 Runs are grouped by model shape and budget, paired by seed, and each arm is compared with its
 parent: rd_attnres and the controls with attnres, attnres with standard. A pair must have the same
 frozen configuration except `residual` (and output paths) and must have seen the same batches
-(train.py logs a fingerprint of every logged step's data); otherwise it is refused.
+(train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
+of the report with the reason, while every valid pair is still reported (--strict: exit non-zero).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import math
 import os
 import sys
 
-from train import FROZEN_ON_RESUME, atomic_write_text
+from common import FROZEN_ON_RESUME, atomic_write_text, read_log
 
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'ctrl_mix': 'attnres', 'attnres': 'standard'}
@@ -92,11 +93,12 @@ def load_run(path):
     try:
         with open(os.path.join(path, 'config.json')) as f:
             config = json.load(f)
-        with open(os.path.join(path, 'log.jsonl')) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        rows = read_log(os.path.join(path, 'log.jsonl'))
     except FileNotFoundError:
         return None
-    evals = {r['step']: r for r in rows if 'val_loss' in r}
+    # runs written before train.py resolved the schedule kept lr_decay_iters = 0, "follow max_iters"
+    config['lr_decay_iters'] = config.get('lr_decay_iters') or config['max_iters']
+    evals = {r['step']: r for r in rows if 'val_loss' in r and not r.get('eval_only')}
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=evals, hashes=hashes)
 
@@ -107,30 +109,32 @@ def group_label(config):
            f"{config['max_iters']} steps = {tokens / 1e6:,.1f}M tokens"
 
 
-def check_pair(a, b):
+def pair_problem(a, b):
+    """Why two runs cannot be a pair, or None."""
     diff = [k for k in FROZEN if a['config'].get(k) != b['config'].get(k)]
     if diff:
         listing = ', '.join(f"{k}: {a['config'].get(k)!r} vs {b['config'].get(k)!r}" for k in diff)
-        raise SystemExit(f"refusing to pair {a['path']} with {b['path']}: their frozen configurations differ in "
-                         f"{listing} (only residual may differ within a pair)")
+        return f"frozen configurations differ in {listing} (only residual may differ within a pair)"
     common = set(a['hashes']) & set(b['hashes'])
     bad = sorted(s for s in common if a['hashes'][s] != b['hashes'][s])
     if bad:
-        raise SystemExit(f"refusing to pair {a['path']} with {b['path']}: they trained on different batches "
-                         f"(data fingerprints differ at steps {bad[:5]}); a pair must share seed and data")
+        return f"they trained on different batches (data fingerprints differ at steps {bad[:5]}); a pair must share seed and data"
+    return None
 
 
 def compare(runs, step=None):
-    """All comparisons (arm vs parent, per shape and budget) that the runs allow."""
-    groups = {}
+    """All comparisons (arm vs parent, per shape and budget) that the runs allow, and the refused
+    runs: [(run path, reason)]. One unpairable run never hides the pairs that are valid."""
+    groups, refused = {}, []
     for run in runs:
         key = tuple(run['config'][k] for k in GROUP_KEYS)
-        groups.setdefault(key, {}).setdefault(run['config']['residual'], {})
+        by_seed = groups.setdefault(key, {}).setdefault(run['config']['residual'], {})
         seed = run['config']['seed']
-        if seed in groups[key][run['config']['residual']]:
-            raise SystemExit(f"two runs of {run['config']['residual']} with seed {seed} and the same shape: "
-                             f"{groups[key][run['config']['residual']][seed]['path']} and {run['path']}")
-        groups[key][run['config']['residual']][seed] = run
+        if seed in by_seed:
+            refused.append((run['path'], f"a second run of {run['config']['residual']} with seed {seed} and the "
+                                         f"same shape and budget as {by_seed[seed]['path']}"))
+            continue
+        by_seed[seed] = run
     results = []
     for key in sorted(groups):
         by_mode = groups[key]
@@ -141,7 +145,10 @@ def compare(runs, step=None):
             rows, skipped = [], []
             for seed in sorted(set(by_mode[arm]) & set(by_mode[parent])):
                 a, p = by_mode[arm][seed], by_mode[parent][seed]
-                check_pair(a, p)
+                problem = pair_problem(a, p)
+                if problem:
+                    refused.append((a['path'], f"not paired with {p['path']}: {problem}"))
+                    continue
                 at = step if step is not None else a['config']['max_iters']
                 if at not in a['evals'] or at not in p['evals']:
                     skipped.append(seed)
@@ -154,7 +161,7 @@ def compare(runs, step=None):
                 results.append(dict(group=group_label(first), arm=arm, parent=parent,
                                     step=step if step is not None else first['max_iters'],
                                     pairs=rows, skipped_seeds=skipped, **paired_stats([r['delta'] for r in rows])))
-    return results, groups
+    return results, groups, refused
 
 
 def markdown(results):
@@ -264,22 +271,29 @@ def main(argv=None):
     ap.add_argument('--step', type=int, help="compare at this evaluation step instead of the last (max_iters)")
     ap.add_argument('--json', help="also write the numbers to this JSON file")
     ap.add_argument('--plot', help="write PNG plots into this directory")
+    ap.add_argument('--strict', action='store_true', help="exit non-zero if any run could not be paired")
     args = ap.parse_args(argv)
     paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
     runs = [r for r in map(load_run, paths) if r is not None]
     if not runs:
         raise SystemExit(f"no run directories (with config.json and log.jsonl) among {args.runs}")
-    results, groups = compare(runs, args.step)
+    results, groups, refused = compare(runs, args.step)
+    if results:
+        print(markdown(results))
+    if refused:
+        print(f"### Refused ({len(refused)} runs left out of every table above)\n")
+        print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')
     if not results:
         raise SystemExit(f"found {len(runs)} runs but no complete pair: a pair is an arm and its parent "
                          f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())}) with the same seed and shape, "
                          "both evaluated at the step compared (use --step for runs in progress)")
-    print(markdown(results))
     if args.json:
         atomic_write_text(args.json, json.dumps(results, indent=2))
     if args.plot:
         for path in plot(results, groups, args.plot):
             print(f"wrote {path}")
+    if refused and args.strict:
+        raise SystemExit(f"--strict: {len(refused)} runs could not be paired (listed above)")
     return 0
 
 

@@ -14,6 +14,7 @@ The technical reference is SPEC.md (§ numbers below point into it).
 """
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,10 @@ class GPTConfig:
             raise ValueError(f"attnres_block_size must be >= 1 (1 = Full AttnRes), got {self.attnres_block_size}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.residual != 'standard' and self.attnres_block_size > 2 * self.n_layer:
+            warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: "
+                          "there is a single block, so every read sees only the embedding and the partial "
+                          f"(set attnres_block_size <= {2 * self.n_layer}; 1 = Full AttnRes)")
         if (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"head dim n_embd/n_head={self.n_embd // self.n_head} must be even for rotary "
                              "embeddings (they rotate pairs of channels); change n_embd or n_head")
@@ -369,9 +374,11 @@ class GPT(nn.Module):
         return idx
 
 
-# dense bf16 peak FLOP/s of known GPUs, for MFU; matched against torch.cuda.get_device_name()
-GPU_PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 125e12,
-                  'L4': 121e12, 'RTX 4090': 165e12, 'RTX 3090': 71e12, 'V100': 125e12}
+# dense bf16 peak FLOP/s of known GPUs, for MFU, matched in order against torch.cuda.get_device_name()
+# (the more specific names first: an "H100 PCIe" must not match "H100", which is the SXM part)
+GPU_PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12),
+                  ('H800', 989e12), ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10G', 125e12),
+                  ('L4', 121e12), ('RTX 4090', 165e12), ('RTX 3090', 71e12), ('V100', 125e12))
 
 
 def detect_peak_flops(device):
@@ -379,7 +386,7 @@ def detect_peak_flops(device):
     if not str(device).startswith('cuda') or not torch.cuda.is_available():
         return 0.0
     name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in GPU_PEAK_FLOPS.items() if key in name), 0.0)
+    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), 0.0)
 
 
 # -----------------------------------------------------------------------------

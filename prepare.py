@@ -38,11 +38,16 @@ DEFAULTS = {  # dataset -> defaults that depend on it
 }
 
 
+class InputError(Exception):
+    """Bad input (a file, a row, the network): main() turns it into a message. An Exception, not a
+    SystemExit, so that it also travels back from a worker of the multiprocessing pool."""
+
+
 # -----------------------------------------------------------------------------
 # Reading and writing token files
 
-def read_tokens(path):
-    """Validate the header of a token file and return its tokens as a read-only uint16 memmap."""
+def read_header(path):
+    """Validate a token file's header and size; returns (n_tokens, data_id)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: run prepare.py first (e.g. python prepare.py --dataset tiny)")
     size = os.path.getsize(path)
@@ -50,7 +55,7 @@ def read_tokens(path):
         raise ValueError(f"{path} is not a token file ({size} bytes, shorter than the {HEADER_BYTES}-byte header); "
                          "re-run prepare.py")
     header = np.fromfile(path, dtype='<i8', count=HEADER_INTS)
-    magic, version, n = int(header[0]), int(header[1]), int(header[2])
+    magic, version, n, data_id = (int(v) for v in header[:4])
     if magic != MAGIC:
         raise ValueError(f"{path} has magic {magic}, expected {MAGIC}: not a file written by prepare.py")
     if version != VERSION:
@@ -58,38 +63,67 @@ def read_tokens(path):
     if size != HEADER_BYTES + 2 * n:
         raise ValueError(f"{path} is {size} bytes but its header promises {n} tokens ({HEADER_BYTES + 2 * n} bytes): "
                          "the file is truncated or corrupted, re-run prepare.py")
+    return n, data_id
+
+
+def read_tokens(path):
+    """Validate the header of a token file and return its tokens as a read-only uint16 memmap."""
+    n, _ = read_header(path)
     return np.memmap(path, dtype=np.uint16, mode='r', offset=HEADER_BYTES, shape=(n,))
 
 
+def read_dataset(data_dir, name):
+    """(train tokens, val tokens, data_id) of data/<name>, checked to be one build: both files carry the
+    data_id of the build that wrote them (a hash of their contents), so a train.bin of one build next
+    to a val.bin of another is refused instead of silently mixing two corpora."""
+    paths = [os.path.join(data_dir, name, f'{split}.bin') for split in ('train', 'val')]
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        how = {'tiny': 'python prepare.py --dataset tiny', 'fineweb_edu': 'python prepare.py'}.get(
+            name, f"python prepare.py --input 'your/files/*.jsonl' --name {name}")
+        raise SystemExit(f"no prepared data at {missing[0]}: run `{how}` first (or set --data_dir / --dataset)")
+    try:
+        (_, train_id), (_, val_id) = read_header(paths[0]), read_header(paths[1])
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if train_id != val_id:
+        raise SystemExit(f"{paths[0]} and {paths[1]} come from two different builds (data_id {train_id} vs "
+                         f"{val_id}: a prepare.py run was interrupted between its renames); run prepare.py again")
+    return read_tokens(paths[0]), read_tokens(paths[1]), train_id
+
+
 class TokenWriter:
-    """Appends uint16 tokens to <path>.tmp and renames it to <path> only when closed after success,
-    so an interrupted run never leaves a file under a final name."""
+    """Appends uint16 tokens to <path>.tmp; finish() writes the header, commit() renames the file to
+    <path>, discard() removes it. A run that fails or is killed never leaves a file under a final name."""
 
     def __init__(self, path):
         self.path, self.tmp = path, path + '.tmp'
         self.n = 0
+        self.digest = hashlib.sha256()
         self.f = open(self.tmp, 'wb')
         self.f.write(np.zeros(HEADER_INTS, dtype='<i8').tobytes())  # placeholder header
 
     def write(self, tokens):
-        self.f.write(tokens.astype('<u2', copy=False).tobytes())
+        data = tokens.astype('<u2', copy=False).tobytes()
+        self.f.write(data)
+        self.digest.update(data)
         self.n += len(tokens)
 
-    def __enter__(self):
-        return self
+    def finish(self, data_id):
+        header = np.zeros(HEADER_INTS, dtype='<i8')
+        header[:4] = MAGIC, VERSION, self.n, data_id
+        self.f.seek(0)
+        self.f.write(header.tobytes())
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
 
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            header = np.zeros(HEADER_INTS, dtype='<i8')
-            header[:3] = MAGIC, VERSION, self.n
-            self.f.seek(0)
-            self.f.write(header.tobytes())
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
-            os.replace(self.tmp, self.path)
-        else:
-            self.f.close()
+    def commit(self):
+        os.replace(self.tmp, self.path)
+
+    def discard(self):
+        self.f.close()
+        if os.path.exists(self.tmp):
             os.remove(self.tmp)
 
 
@@ -121,55 +155,135 @@ def tiny_documents(piece_chars=1500):
     return docs
 
 
-def fineweb_documents():
+FINEWEB = dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train")
+
+
+def fineweb_documents(revision):
     from datasets import load_dataset
     try:
-        ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
+        ds = load_dataset(**FINEWEB, revision=revision, streaming=True)
         return (row['text'] for row in ds)
     except Exception as e:  # no network, offline mode, hub outage
-        raise SystemExit(f"could not reach FineWeb-Edu on the Hugging Face hub ({type(e).__name__}: {e}).\n"
+        raise InputError(f"could not reach FineWeb-Edu on the Hugging Face hub ({type(e).__name__}: {e}).\n"
                          "Without the hub, use local files (--input 'path/*.jsonl') or the built-in corpus "
                          "(--dataset tiny).") from None
 
 
-LOADERS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
+KINDS = {'.txt': 'text', '.jsonl': 'json', '.json': 'json', '.parquet': 'parquet'}
 
 
-def local_documents(pattern, text_column):
-    """Local .txt (one document per file), .jsonl/.json or .parquet files, via datasets' generic loaders."""
-    from datasets import load_dataset
+def find_files(pattern):
     files = sorted(set(glob.glob(pattern, recursive=True))) if not os.path.isfile(pattern) else [pattern]
     files = [f for f in files if os.path.isfile(f)]
     if not files:
-        raise SystemExit(f"--input {pattern!r} matches no file")
-    kinds = {LOADERS.get(os.path.splitext(f)[1].lower()) for f in files}
+        raise InputError(f"--input {pattern!r} matches no file")
+    kinds = {KINDS.get(os.path.splitext(f)[1].lower()) for f in files}
     if None in kinds or len(kinds) > 1:
-        raise SystemExit(f"--input must match files of one kind among {', '.join(LOADERS)}; got "
+        raise InputError(f"--input must match files of one kind among {', '.join(KINDS)}; got "
                          f"{sorted({os.path.splitext(f)[1] for f in files})}")
-    kind = kinds.pop()
-    options = dict(sample_by='document') if kind == 'text' else {}
-    column = 'text' if kind == 'text' else text_column
-    first = None
-    if any(os.path.getsize(f) > 0 for f in files):
+    return files, kinds.pop()
+
+
+def file_rows(path, kind, column):
+    """(line or row number, the row's text or None if it has no `column`) of one file. Every error
+    names the file and, where the format has lines, the line."""
+    if kind == 'text':  # one document per file
         try:
-            ds = load_dataset(kind, data_files=files, split='train', streaming=True, **options)
-            first = next(iter(ds), None)
-        except StopIteration:  # what some loaders raise for files without a single record
-            pass
+            with open(path, encoding='utf-8') as f:
+                yield 1, f.read()
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    elif kind == 'json':  # JSON Lines: one object per line
+        number = 0
+        try:
+            with open(path, encoding='utf-8') as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        row = json.loads(line)
+                        if not isinstance(row, dict):
+                            raise InputError(f"{path}, line {number}: expected a JSON object per line, "
+                                             f"got {type(row).__name__}")
+                        yield number, row.get(column)
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}, line {number + 1}: not UTF-8 text ({e.reason})") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
+    else:
+        import pyarrow.parquet as pq
+        try:
+            table = pq.ParquetFile(path)
+            if column not in table.schema_arrow.names:
+                raise InputError(f"{path} has no column {column!r}; its columns are "
+                                 f"{sorted(table.schema_arrow.names)}: pass the right one with --text_column")
+            number = 0
+            for batch in table.iter_batches(batch_size=1024, columns=[column]):
+                for text in batch.column(0).to_pylist():
+                    number += 1
+                    yield number, text
+        except InputError:
+            raise
         except Exception as e:
-            raise SystemExit(f"--input {pattern!r}: could not read the files as {kind} ({type(e).__name__}: {e})")
-    if first is None:
-        raise SystemExit(f"--input {pattern!r}: the files hold no documents")
-    if column not in first:
-        raise SystemExit(f"--input {pattern!r} has no column {column!r}; its columns are {sorted(first)}: "
-                         "pass the right one with --text_column")
-    return (row[column] for row in ds), files
+            raise InputError(f"{path}: could not read it as Parquet ({type(e).__name__}: {e})") from None
+
+
+class LocalDocuments:
+    """Local .txt (one document per file), .jsonl (one per line) or .parquet (one per row) files, read
+    in name order. A row without the text column is an error (how many, and the first one) unless
+    skip_missing is set; it is found while the rows stream by, so the error comes at the end, before
+    anything is renamed into place."""
+
+    def __init__(self, pattern, column, skip_missing):
+        self.files, self.kind = find_files(pattern)
+        self.pattern, self.column, self.skip_missing = pattern, column, skip_missing
+        self.missing, self.first_missing = 0, None
+        self.check_first_row()
+
+    def check_first_row(self):
+        for path in self.files:
+            for _, text in file_rows(path, self.kind, self.column):
+                if text is None and self.kind == 'json':
+                    with open(path, encoding='utf-8') as f:
+                        keys = sorted(json.loads(next(line for line in f if line.strip())))
+                    raise InputError(f"--input {self.pattern!r} has no column {self.column!r}; its columns are "
+                                     f"{keys}: pass the right one with --text_column")
+                return
+        raise InputError(f"--input {self.pattern!r}: the files hold no documents")
+
+    def __iter__(self):
+        for path in self.files:
+            for number, text in file_rows(path, self.kind, self.column):
+                if text is None:
+                    self.missing += 1
+                    self.first_missing = self.first_missing or f"{path}, {'line' if self.kind == 'json' else 'row'} {number}"
+                    continue
+                yield text
+        if self.missing and not self.skip_missing:
+            raise InputError(f"{self.missing} rows have no {self.column!r} text (the first: {self.first_missing}); "
+                             "fix the input, or pass --skip_missing_text to leave them out")
+
+    def fingerprint(self):
+        """What 'the same input' means for a rebuild: each file's path, size and modification time."""
+        return [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in self.files]
 
 
 # -----------------------------------------------------------------------------
 # Tokenizing
 
 _enc = None
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE. On first use tiktoken downloads its two files (about 1.5 MB, once, into
+    its cache); without a network that fails deep inside `requests`, so say what to do instead."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise InputError(
+            f"could not load GPT-2's BPE files ({type(e).__name__}: {e}). tiktoken downloads them once "
+            "(about 1.5 MB: vocab.bpe and encoder.json from openaipublic.blob.core.windows.net) into the folder "
+            "TIKTOKEN_CACHE_DIR (default: a tiktoken folder in your temp directory). Offline, copy a cache "
+            "folder from a machine that has one and point TIKTOKEN_CACHE_DIR at it.") from None
 
 
 def goes_to_val(text, val_fraction):
@@ -184,77 +298,141 @@ def tokenize_document(text, val_fraction):
     if not text or not text.strip():
         return None
     if _enc is None:
-        import tiktoken
-        _enc = tiktoken.get_encoding("gpt2")
+        _enc = gpt2_encoding()
     tokens = [EOT] + _enc.encode_ordinary(text)
     if max(tokens) >= 2 ** 16:
         raise ValueError(f"token id {max(tokens)} does not fit in uint16")
     return goes_to_val(text, val_fraction), np.array(tokens, dtype=np.uint16)
 
 
+class Progress:
+    """tqdm's bar on a terminal; in a log file (stdout not a terminal) a plain line every ~10 s instead
+    of carriage-return fragments."""
+
+    def __init__(self, total, enabled):
+        self.enabled, self.total, self.n = enabled, total, 0
+        self.t0 = self.t_print = time.time()
+        self.bar = None
+        if enabled and sys.stdout.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, unit='tok', unit_scale=True)
+
+    def update(self, n):
+        self.n += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and time.time() - self.t_print >= 10:
+            self.t_print = time.time()
+            of = f" of {self.total:,}" if self.total else ''
+            print(f"{self.n:,}{of} tokens, {self.n / (self.t_print - self.t0):,.0f} tokens/s", flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
 def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1, meta=None, progress=True):
     """Tokenize `documents` (an iterable of strings) into out_dir/train.bin and out_dir/val.bin.
-    Train stops at exactly max_tokens; val takes whole documents until it holds val_tokens."""
-    from tqdm import tqdm
+    Train stops at exactly max_tokens; val takes whole documents until it holds val_tokens.
+    The two bins and meta.json are one set: both bins carry the data_id of this build and are renamed
+    into place together, then meta.json (which names the data_id too) is written."""
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     stats = dict(train_docs=0, val_docs=0, empty_docs=0)
     work = functools.partial(tokenize_document, val_fraction=val_fraction)
     pool = multiprocessing.get_context('spawn').Pool(num_proc) if num_proc > 1 else None
     # imap keeps the documents' order, so the output is the same for any num_proc
     results = pool.imap(work, documents, chunksize=16) if pool else map(work, documents)
-    bar = tqdm(total=max_tokens if max_tokens < 10**12 else None, unit='tok', unit_scale=True, disable=not progress)
+    bar = Progress(max_tokens if max_tokens < 10**12 else None, progress)
     t0 = time.time()
+    train = val = None
     try:
-        with TokenWriter(os.path.join(out_dir, 'train.bin')) as train, \
-                TokenWriter(os.path.join(out_dir, 'val.bin')) as val:
-            for result in results:
-                if result is None:
-                    stats['empty_docs'] += 1
-                    continue
-                is_val, tokens = result
-                if is_val and val.n < val_tokens:
-                    val.write(tokens)
-                    stats['val_docs'] += 1
-                else:
-                    tokens = tokens[:max_tokens - train.n]
-                    train.write(tokens)
-                    stats['train_docs'] += 1
-                bar.update(len(tokens))
-                if train.n >= max_tokens:
-                    break
-            if train.n == 0 or val.n == 0:
-                raise SystemExit(f"not enough text: {train.n} train and {val.n} val tokens from "
-                                 f"{stats['train_docs'] + stats['val_docs']} non-empty documents; add documents "
-                                 "or raise --val_fraction")
+        train = TokenWriter(os.path.join(out_dir, 'train.bin'))
+        val = TokenWriter(os.path.join(out_dir, 'val.bin'))
+        for result in results:
+            if result is None:
+                stats['empty_docs'] += 1
+                continue
+            is_val, tokens = result
+            if is_val and val.n < val_tokens:
+                val.write(tokens)
+                stats['val_docs'] += 1
+            else:
+                tokens = tokens[:max_tokens - train.n]
+                train.write(tokens)
+                stats['train_docs'] += 1
+            bar.update(len(tokens))
+            if train.n >= max_tokens:
+                break
+        if train.n == 0 or val.n == 0:
+            raise InputError(f"not enough text: {train.n} train and {val.n} val tokens from "
+                             f"{stats['train_docs'] + stats['val_docs']} non-empty documents; add documents "
+                             "or raise --val_fraction")
+        # the build's id: a hash of both files' tokens (the same corpus and arguments give the same id)
+        digest = hashlib.sha256(train.digest.digest() + val.digest.digest()).digest()
+        data_id = int.from_bytes(digest[:8], 'little', signed=True) or 1
+        train.finish(data_id)
+        val.finish(data_id)
+        train.commit()
+        val.commit()
+    except BaseException:
+        for writer in (train, val):
+            if writer is not None:
+                writer.discard()
+        if created and not os.listdir(out_dir):
+            os.rmdir(out_dir)
+        raise
     finally:
         bar.close()
         if pool:
             pool.terminate()
     seconds = time.time() - t0
-    summary = dict(meta or {}, train_tokens=train.n, val_tokens=val.n, **stats, seconds=round(seconds, 2),
-                   tokens_per_second=round((train.n + val.n) / max(seconds, 1e-9)),
+    summary = dict(meta or {}, data_id=data_id, train_tokens=train.n, val_tokens=val.n, **stats,
+                   seconds=round(seconds, 2), tokens_per_second=round((train.n + val.n) / max(seconds, 1e-9)),
                    bytes=2 * (train.n + val.n) + 2 * HEADER_BYTES, eot=EOT, tokenizer='gpt2')
     write_json(os.path.join(out_dir, 'meta.json'), summary)
     return summary
 
 
-def is_complete(out_dir, args_meta):
-    """True when out_dir holds valid bins written by an earlier run with the same arguments."""
+def built_from(out_dir):
+    """meta.json of a complete build in out_dir, or None: meta.json exists and both bins are valid and
+    carry the data_id it names (a build interrupted between its renames is not complete)."""
     try:
         with open(os.path.join(out_dir, 'meta.json')) as f:
             meta = json.load(f)
-        read_tokens(os.path.join(out_dir, 'train.bin'))
-        read_tokens(os.path.join(out_dir, 'val.bin'))
+        ids = {read_header(os.path.join(out_dir, f'{split}.bin'))[1] for split in ('train', 'val')}
     except (OSError, ValueError):
-        return False
-    return meta.get('args') == args_meta['args']
+        return None
+    return meta if ids == {meta.get('data_id')} else None
+
+
+def describe_change(old, new):
+    """A short human description of how the inputs differ."""
+    if isinstance(old, list) and isinstance(new, list):  # local files: [path, size, mtime_ns]
+        before, after = {f[0]: f[1:] for f in old}, {f[0]: f[1:] for f in new}
+        parts = [f"{p} is new" for p in after if p not in before][:3]
+        parts += [f"{p} is gone" for p in before if p not in after][:3]
+        parts += [f"{p} changed (size {before[p][0]:,} -> {after[p][0]:,} bytes, modified again)"
+                  for p in after if p in before and before[p] != after[p]][:3]
+        return '; '.join(parts)
+    return f"{old} -> {new}"
 
 
 def main(argv=None):
+    try:
+        return run(argv)
+    except InputError as e:
+        raise SystemExit(str(e)) from None
+
+
+def run(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--dataset', choices=['fineweb-edu', 'tiny'], default='fineweb-edu')
+    p.add_argument('--revision', default='main', help="FineWeb-Edu: the hub revision (a branch, tag or commit)")
     p.add_argument('--input', help="local files instead of --dataset: a path or glob of .txt, .jsonl or .parquet")
     p.add_argument('--text_column', default='text', help="column holding the text (.jsonl/.parquet)")
+    p.add_argument('--skip_missing_text', action='store_true',
+                   help="leave out rows that have no --text_column (by default they are an error)")
     p.add_argument('--name', help="output folder data/<name> (default: fineweb_edu, tiny or local)")
     p.add_argument('--data_dir', default='data')
     p.add_argument('--max_tokens', type=int, help="cap on train tokens (default 2.1B for FineWeb-Edu)")
@@ -278,21 +456,36 @@ def main(argv=None):
         meta['args']['dataset'] = None
     else:
         meta['args']['input'] = None
-    if not args.force and is_complete(out_dir, meta):
-        print(f"{out_dir} is already complete for these arguments (use --force to rebuild)")
-        return 0
 
+    # the input, and its fingerprint: "already complete" means the same arguments *and* the same input
     if source == 'tiny':
-        documents, files = tiny_documents(), []
+        documents = tiny_documents()
         meta['source'] = f"pydoc_data.topics of Python {sys.version.split()[0]}"
+        meta['inputs'] = hashlib.sha256('\0'.join(documents).encode()).hexdigest()
         args.num_proc = 1  # too small to be worth a pool
     elif source == 'fineweb-edu':
-        documents, files = fineweb_documents(), []
+        documents = None  # streamed only if there is work to do
         meta['source'] = "HuggingFaceFW/fineweb-edu sample-10BT (streamed)"
+        meta['inputs'] = dict(FINEWEB, revision=args.revision)
     else:
-        documents, files = local_documents(args.input, args.text_column)
-        meta['source'] = f"{len(files)} local files matching {args.input!r}"
+        documents = LocalDocuments(args.input, args.text_column, args.skip_missing_text)
+        meta['source'] = f"{len(documents.files)} local files matching {args.input!r}"
+        meta['inputs'] = documents.fingerprint()
+    existing = built_from(out_dir)
+    if not args.force and existing and existing.get('args') == meta['args']:
+        if existing.get('inputs') == meta['inputs']:
+            print(f"{out_dir} is already complete for these arguments and this input (use --force to rebuild)")
+            return 0
+        raise InputError(f"{out_dir} was built with these arguments but from another input: "
+                         f"{describe_change(existing.get('inputs'), meta['inputs'])}. A rebuild changes the "
+                         f"data (runs trained on it cannot be resumed on the new one): rebuild with --force, or "
+                         f"write the new data elsewhere with --name.")
+    if documents is None:
+        documents = fineweb_documents(args.revision)
     s = prepare(documents, out_dir, args.max_tokens, args.val_tokens, args.val_fraction, args.num_proc, meta)
+    if getattr(documents, 'missing', 0):
+        print(f"left out {documents.missing} rows without {args.text_column!r} text (the first: {documents.first_missing})")
+    files = getattr(documents, 'files', [])
     print(f"{out_dir}: {s['train_docs']:,} train documents, {s['train_tokens']:,} tokens | "
           f"{s['val_docs']:,} val documents, {s['val_tokens']:,} tokens | {s['bytes'] / 1e6:,.1f} MB in 2 files "
           f"| {s['tokens_per_second']:,} tokens/s" + (f" | {len(files)} input files" if files else ""))

@@ -8,12 +8,12 @@ Sample from a trained model, and optionally show where each layer reads from.
 import os
 import sys
 
-import tiktoken
 import torch
 
+from common import MODEL_KEYS, load_checkpoint, resolve_device
 from configurator import configure
 from model import GPT, GPTConfig
-from train import MODEL_KEYS
+from prepare import InputError, gpt2_encoding
 
 DEFAULTS = dict(
     out_dir='out/quickstart',
@@ -35,10 +35,17 @@ def source_names(sublayer, n_sources, S):
     return names + (['p'] if len(names) < n_sources else [])
 
 
+ROUTES = {'qk': "the input of queries and keys (the one route of attnres)", 'v': "the input of values (RD-AttnRes)",
+          'mix': "ctrl_mix's second read, averaged with qk", 'mlp': "the MLP's input",
+          'final': "the read after the last sublayer, into the LM head"}
+
+
 def print_routing(model):
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
     print(f"---- depth routing over the prompt: share of each source (emb = embedding, bN = block N, "
           f"p = partial of the current block); {L} sublayers in blocks of {S} ----")
+    routes = list(dict.fromkeys(r['route'] for r in model.routing))
+    print("routes: " + '; '.join(f"{r} = {ROUTES[r]}" for r in routes))
     for r in model.routing:
         alpha = r['alpha'].tolist()
         kind = 'final' if r['sublayer'] == L else 'attn' if r['sublayer'] % 2 == 0 else 'mlp'
@@ -54,21 +61,25 @@ def main(argv):
     if not os.path.exists(ckpt_path):
         raise SystemExit(f"no checkpoint at {ckpt_path}: train one first (python train.py config/quickstart.py) "
                          "or pass --out_dir=<a run directory>")
-    device = cfg['device']
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    device = resolve_device(cfg['device'])
+    ckpt = load_checkpoint(ckpt_path)   # onto the CPU first: the model is moved once, below
     saved = ckpt['config']
     model = GPT(GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS}))
     model.load_state_dict(ckpt['model'])
     model.eval().to(device)
 
-    enc = tiktoken.get_encoding('gpt2')
+    try:
+        enc = gpt2_encoding()
+    except InputError as e:
+        raise SystemExit(str(e)) from None
     start = cfg['start']
     if start.startswith('FILE:'):
         with open(start[5:], encoding='utf-8') as f:
             start = f.read()
     ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
+    if len(ids) > model.config.block_size:
+        print(f"note: the prompt is {len(ids)} tokens, longer than the context of {model.config.block_size}: "
+              f"only its last {model.config.block_size} tokens are used")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
     print(f"{saved['residual']} model from {ckpt_path} (step {ckpt['step']}, best val loss {ckpt['best_val_loss']:.4f})")
 

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import sys
 
+from common import read_log
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
 EARLY_ITERS = 100   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
@@ -55,8 +57,9 @@ def run_dir(budget, mode, seed):
 
 def is_finished(path):
     try:
-        max_iters = json.load(open(os.path.join(path, 'config.json')))['max_iters']
-        rows = [json.loads(line) for line in open(os.path.join(path, 'log.jsonl'))]
+        with open(os.path.join(path, 'config.json')) as f:
+            max_iters = json.load(f)['max_iters']
+        rows = read_log(os.path.join(path, 'log.jsonl'))
         return any(r.get('step') == max_iters and 'val_loss' in r for r in rows)
     except (OSError, ValueError, KeyError):
         return False
@@ -100,6 +103,8 @@ def run_all():
                 f'--residual={mode}', f'--seed={seed}', f'--out_dir={path}', *BUDGETS[budget]]
         if os.path.exists(os.path.join(path, 'ckpt.pt')):
             args.append('--init_from=resume')
+        elif os.path.exists(os.path.join(path, 'log.jsonl')):
+            args.append('--overwrite=True')  # killed before its first checkpoint: start it again
         print(f"running: {' '.join(args[2:])}", flush=True)
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, 'train.out'), 'a') as log:

@@ -75,12 +75,40 @@ def test_statistics_against_known_values():
     assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64)
 
 
-def test_mismatched_pair_is_refused_with_the_differing_keys(tmp_path):
+def test_mismatched_pair_is_refused_with_the_differing_keys(tmp_path, capsys):
     root = str(tmp_path)
     make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
     make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2, learning_rate=1e-3, weight_decay=0.0)
-    with pytest.raises(SystemExit, match=r"differ in learning_rate: 0.001 vs 0.0006, weight_decay: 0.0 vs 0.1"):
+    with pytest.raises(SystemExit, match='no complete pair'):
         compare.main([os.path.join(root, '*')])
+    assert "differ in learning_rate: 0.001 vs 0.0006, weight_decay: 0.0 vs 0.1" in capsys.readouterr().out
+
+
+def test_one_unpairable_run_does_not_hide_the_valid_pairs(study, capsys):
+    # a sixth seed of rd_attnres run with another learning rate: reported as refused, at the end
+    make_run(study, 'attnres_s6', 'attnres', 6, 3.3)
+    make_run(study, 'rd_s6', 'rd_attnres', 6, 3.2, learning_rate=1e-3)
+    assert compare.main([os.path.join(study, '*')]) == 0
+    out = capsys.readouterr().out
+    assert '| 5 | 3.2700 | 3.2200 | -0.0500 |' in out and '| 6 |' not in out.split('### Refused')[0]
+    refused = out.split('### Refused')[1]
+    assert 'rd_s6' in refused and 'learning_rate: 0.001 vs 0.0006' in refused and 'rd_s1' not in refused
+    with pytest.raises(SystemExit, match='--strict: 1 runs could not be paired'):
+        compare.main([os.path.join(study, '*'), '--strict'])
+
+
+def test_a_torn_last_log_line_is_dropped_and_a_bad_line_named(study):
+    path = os.path.join(study, 'rd_s1', 'log.jsonl')
+    with open(path, 'a') as f:
+        f.write('{"step": 100, "train_lo')           # killed while writing
+    with pytest.warns(UserWarning, match='torn last line'):
+        run = compare.load_run(os.path.join(study, 'rd_s1'))
+    assert run['evals'][100]['val_loss'] == pytest.approx(3.27)
+    lines = open(path).read().split('\n')
+    lines[1] = lines[1][:20]                          # damage in the middle of the file: an error
+    open(path, 'w').write('\n'.join(lines))
+    with pytest.raises(SystemExit, match=r'rd_s1/log.jsonl, line 2: not valid JSON'):
+        compare.load_run(os.path.join(study, 'rd_s1'))
 
 
 def test_pair_that_saw_other_batches_is_refused(tmp_path):
@@ -90,19 +118,19 @@ def test_pair_that_saw_other_batches_is_refused(tmp_path):
     log = os.path.join(path, 'log.jsonl')
     text = open(log).read().replace('"1-50"', '"9-50"')
     open(log, 'w').write(text)
-    with pytest.raises(SystemExit, match='different batches'):
-        compare.main([os.path.join(root, '*')])
+    results, _, refused = compare.compare([compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')])
+    assert results == [] and 'different batches' in refused[0][1]
 
 
 def test_earlier_step_and_runs_in_progress(study, tmp_path):
-    results, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)], step=50)
+    results, _, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)], step=50)
     rd = next(r for r in results if r['arm'] == 'rd_attnres')
     assert rd['step'] == 50 and rd['mean_delta'] == pytest.approx(-0.03)   # curves shifted by a constant
     # a run in progress (no eval at its max_iters yet) is left out of the final table, and said so
     path = os.path.join(study, 'rd_s5', 'log.jsonl')
     rows = [json.loads(line) for line in open(path)]
     open(path, 'w').write(''.join(json.dumps(r) + '\n' for r in rows if r['step'] < 100))
-    results, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)])
+    results, _, _ = compare.compare([compare.load_run(os.path.join(study, n)) for n in os.listdir(study)])
     rd = next(r for r in results if r['arm'] == 'rd_attnres')
     assert rd['n'] == 4 and rd['skipped_seeds'] == [5]
 

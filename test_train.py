@@ -15,6 +15,7 @@ import torch
 
 import prepare
 import train
+from common import load_checkpoint, save_checkpoint
 from configurator import configure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -203,12 +204,12 @@ def test_non_finite_loss_stops_without_saving(data_dir, tmp_path):
 
 def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)
+    run(['--max_iters=2', '--lr_decay_iters=6'], data_dir, out)
     path = os.path.join(out, 'ckpt.pt')
-    ckpt = torch.load(path, weights_only=False)
-    for state in ckpt['optimizer']['state'].values():   # a corrupted optimizer moment: the next update is NaN
+    ckpt = load_checkpoint(path)
+    for state in ckpt['optimizer']['state'].values():   # a NaN optimizer moment (checksum valid): the next update is NaN
         state['exp_avg'].fill_(float('nan'))
-    torch.save(ckpt, path)
+    save_checkpoint(ckpt, path)
     p = run(['--max_iters=6', '--eval_interval=1', '--init_from=resume'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and 'non-finite' in p.stderr and 'at step 3' in p.stderr, p.stderr[-1500:]
     kept = torch.load(path, weights_only=False)

@@ -1,16 +1,21 @@
 """
 Train one arm of a paired comparison. One process:
     python train.py config/quickstart.py
-DDP on 8 GPUs of one node:
+DDP on 8 GPUs of one node (README "Training" for several nodes):
     torchrun --standalone --nproc_per_node=8 train.py config/rd_343m.py --seed=2
 
-Paired protocol (SPEC §3): for one `seed`, every arm gets the same initial values of the
-parameters it shares with the others and sees the same batches in the same order. The data order is
-one global sequence of training windows, a permutation keyed by the seed; step s uses windows
+Paired protocol (README "Training: train.py"): for one `seed`, every arm gets the same initial values
+of the parameters it shares with the others and sees the same batches in the same order. The data
+order is one global sequence of training windows, a permutation keyed by the seed; step s uses windows
 [s*W, (s+1)*W) of it (W = total_batch_size / block_size) and the ranks split them, so the order
 depends neither on the number of processes nor on the micro-batch size.
+
+What the loop never does on a GPU step: wait for the device. Nothing reads a device value back
+between log steps (the divergence guard keeps its flags on the device), the data order is cached
+per epoch, and every compiled call sees one static shape.
 """
 
+import functools
 import hashlib
 import json
 import math
@@ -24,9 +29,11 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, load_checkpoint, read_log,
+                    resolve_device, resolve_dtype, save_checkpoint, tune_cpu_allocator)
 from configurator import configure
 from model import GPT, GPTConfig, detect_peak_flops, routing_summary
-from prepare import read_tokens
+from prepare import read_dataset
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -36,9 +43,10 @@ eval_interval = 250
 log_interval = 10
 eval_tokens = 10_485_760    # validation: the first eval_tokens of val.bin (0 = all of it), same for every arm
 eval_batch_size = 16
-eval_only = False
+eval_only = False           # evaluate (the checkpoint, with init_from='resume'), log, exit
 always_save_checkpoint = True
 init_from = 'scratch'       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False           # allow a scratch run to replace the run already in out_dir
 log_routing = True          # depth distributions of the first validation batch at every eval
 # data
 dataset = 'tiny'            # data/<dataset>/{train,val}.bin, written by prepare.py
@@ -56,7 +64,8 @@ attnres_block_size = 4
 # optimizer: AdamW, linear warmup then cosine decay to min_lr_ratio * learning_rate
 learning_rate = 6e-4
 max_iters = 3815
-lr_decay_iters = 0          # length of the schedule (0 = max_iters); fixed, so a run can stop early and resume
+lr_decay_iters = 0          # length of the schedule (0 = max_iters), fixed at the start of a run
+train_past_schedule = False # allow max_iters > lr_decay_iters: the extra steps run at the final LR
 warmup_iters = 250
 min_lr_ratio = 0.1
 weight_decay = 0.1
@@ -66,23 +75,26 @@ grad_clip = 1.0             # 0 = off
 # system
 device = 'auto'             # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'              # 'auto' (bf16 on capable GPUs, float32 on CPU), 'float32', 'bfloat16', 'float16'
+fp16_init_scale = 65536.0   # float16 only: the GradScaler's starting loss scale (PyTorch's default)
 compile = False
 peak_flops = 0.0            # for MFU; 0 = detect from the GPU's name (none on CPU)
 cpu_malloc_tuning = True    # on CPU with glibc: keep big freed buffers in the heap (~1.6x faster, see README)
-MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
-# keys that decide the data order or the model: a resumed run must not change them
-FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'total_batch_size', 'lr_decay_iters', 'warmup_iters',
-                                 'learning_rate', 'min_lr_ratio', 'weight_decay', 'beta1', 'beta2', 'grad_clip')
 DEFAULTS = {k: v for k, v in dict(globals()).items()
             if not k.startswith('_') and isinstance(v, (int, float, bool, str)) and k.islower()}
+# float16: a step whose scaled gradients overflow is skipped by the GradScaler, which then halves the
+# scale. That is normal now and then; this many skipped steps in a row means the run has diverged.
+MAX_SKIPPED_STEPS = 20
 
 
 # -----------------------------------------------------------------------------
 # Data: one global, seed-keyed order of windows; a fixed validation set
 
+@functools.lru_cache(maxsize=2)  # a step spans at most two epochs: each permutation is built once
 def window_order(n_windows, seed, epoch):
     """The permutation of training windows for one pass over the data, keyed by (seed, epoch)."""
-    return np.random.default_rng([seed, epoch]).permutation(n_windows)
+    order = np.random.default_rng([seed, epoch]).permutation(n_windows)
+    order.flags.writeable = False  # shared by every step of the epoch
+    return order
 
 
 def step_windows(step, n_windows, windows_per_step, seed):
@@ -91,8 +103,7 @@ def step_windows(step, n_windows, windows_per_step, seed):
     out = []
     while len(out) < windows_per_step:
         epoch, offset = divmod(first + len(out), n_windows)
-        order = window_order(n_windows, seed, epoch)
-        out.extend(order[offset:offset + windows_per_step - len(out)].tolist())
+        out.extend(window_order(n_windows, seed, epoch)[offset:offset + windows_per_step - len(out)].tolist())
     return out
 
 
@@ -102,14 +113,29 @@ def windows_hash(windows):
 
 
 def get_windows(data, windows, block_size):
-    """(x, y) int64 tensors for window indices: window i is tokens [i*T, i*T + T + 1)."""
-    rows = np.stack([data[i * block_size:i * block_size + block_size + 1] for i in windows]).astype(np.int64)
+    """(x, y) int64 tensors for window indices: window i is tokens [i*T, i*T + T + 1). Index -1 is a
+    padding row (x = 0, y = -1: cross_entropy's ignore_index, so it is never scored)."""
+    rows = np.full((len(windows), block_size + 1), -1, dtype=np.int64)
+    for r, i in enumerate(windows):
+        if i >= 0:
+            rows[r] = data[i * block_size:i * block_size + block_size + 1]
     rows = torch.from_numpy(rows)
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
+
+
+def eval_batches(n_eval, rank, world, batch_size):
+    """This rank's validation windows (rank, rank + world, ...) in whole batches of batch_size. Every
+    rank gets the same number of batches, the last ones padded with -1, so that a compiled model sees
+    one shape for evaluation (a ragged last batch would recompile it with a dynamic batch size)."""
+    mine = list(range(rank, n_eval, world))
+    n_batches = math.ceil(math.ceil(n_eval / world) / batch_size)
+    mine += [-1] * (n_batches * batch_size - len(mine))
+    return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
 
 
 def get_lr(it, cfg):
-    """Linear warmup from lr/warmup (non-zero at step 0), then cosine decay to min_lr_ratio * lr."""
+    """Linear warmup from lr/warmup (non-zero at step 0), then cosine decay to min_lr_ratio * lr over
+    lr_decay_iters steps; past the end of the schedule the LR stays at its final value."""
     lr, decay_iters = cfg['learning_rate'], cfg['lr_decay_iters'] or cfg['max_iters']
     if it < cfg['warmup_iters']:
         return lr * (it + 1) / cfg['warmup_iters']
@@ -118,27 +144,23 @@ def get_lr(it, cfg):
     return lr * (cfg['min_lr_ratio'] + coeff * (1 - cfg['min_lr_ratio']))
 
 
-def load_split(cfg, split):
-    path = os.path.join(cfg['data_dir'], cfg['dataset'], f'{split}.bin')
-    if not os.path.exists(path):
-        how = {'tiny': 'python prepare.py --dataset tiny', 'fineweb_edu': 'python prepare.py'}.get(
-            cfg['dataset'], f"python prepare.py --input 'your/files/*.jsonl' --name {cfg['dataset']}")
-        raise SystemExit(f"no prepared data at {path}: run `{how}` first (or set --data_dir / --dataset)")
-    return read_tokens(path)
-
-
 # -----------------------------------------------------------------------------
-# Checkpoints and logs: written to a temporary name, then renamed
+# Processes and messages
 
-def atomic_save(obj, path):
-    torch.save(obj, path + '.tmp')
-    os.replace(path + '.tmp', path)
+def fail(message, master=True):
+    """Stop with a message. Under torchrun every rank usually meets the same error: only rank 0 says it."""
+    raise SystemExit(message if master else 1)
 
 
-def atomic_write_text(path, text):
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
+def divergence_message(loss_step, norm_step, now, ckpt_path):
+    """What went non-finite first (-1 = never), and what to do about it."""
+    if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
+        what = f"training loss at step {loss_step}"
+    else:
+        what = f"gradient norm at step {norm_step} (the training loss was finite)"
+    return (f"non-finite {what}, noticed at step {now}: stopped without saving, so the last good checkpoint "
+            f"({ckpt_path}, if any) is kept. Start again with a lower learning_rate, more warmup_iters or "
+            "a grad_clip.")
 
 
 def git_commit():
@@ -149,27 +171,39 @@ def git_commit():
         return None
 
 
-def tune_cpu_allocator():
-    """glibc returns large freed blocks (here: the (B, T, vocab) logits and their gradient) to the OS
-    and then page-faults them back in on every step. Keeping them in the heap was measured to make
-    CPU training ~1.6x faster (README, CPU notes); the same as MALLOC_MMAP_MAX_=0 and
-    MALLOC_TRIM_THRESHOLD_=<huge> in the environment. No effect (and no error) elsewhere."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
-    except (OSError, AttributeError):
-        return False  # not glibc (macOS, Windows, musl)
+def batch_arithmetic(cfg, world, master):
+    """(micro-steps per process, windows per step). total_batch_size must split evenly into
+    world_size x batch_size x block_size; if it does not, propose a batch_size that works."""
+    T, B, total = cfg['block_size'], cfg['batch_size'], cfg['total_batch_size']
+    if total % (B * T * world) == 0:
+        return total // (B * T * world), total // T
+    if total % (T * world) != 0:
+        fail(f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: "
+             "no batch_size can split it evenly; change total_batch_size or the number of processes", master)
+    per_rank = total // (T * world)  # windows per process per step
+    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
+    fail(f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = "
+         f"{B} * {T} * {world}; with {world} processes, batch_size={fits} works "
+         f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
 
 
-def check_resumable(saved, cfg):
-    """Refuse to resume a checkpoint whose model or data order differs from this configuration."""
-    diff = {k: (saved.get(k), cfg[k]) for k in FROZEN_ON_RESUME if saved.get(k) != cfg[k]}
+def existing_run(out_dir):
+    """What a previous run left in out_dir (empty if nothing)."""
+    found = []
+    for name in ('ckpt.pt', 'log.jsonl', 'config.json'):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            found.append(f"{name} ({os.path.getsize(path):,} bytes)")
+    return found
+
+
+def check_resumable(saved, cfg, ckpt_path):
+    """Refuse to resume a checkpoint whose model, data or schedule differs from this configuration."""
+    diff = {k: (saved.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME
+            if k in saved and saved.get(k) != cfg.get(k)}
     if diff:
         lines = ', '.join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-        raise SystemExit(f"cannot resume {cfg['out_dir']}/ckpt.pt: it was trained with another configuration "
+        raise SystemExit(f"cannot resume {ckpt_path}: it was trained with another configuration "
                          f"({lines}). Use the checkpoint's values or another out_dir.")
 
 
@@ -178,118 +212,145 @@ def check_resumable(saved, cfg):
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     cfg['out_dir'] = cfg['out_dir'].format(**cfg)
-
-    # ---- processes and devices ----
     ddp = int(os.environ.get('RANK', -1)) != -1
+    try:
+        train(cfg, ddp)
+    finally:
+        # also on an error: a rank that leaves without this makes the others hang until NCCL times out
+        if ddp and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def train(cfg, ddp):
+    # ---- processes and devices ----
     if ddp:
         rank, local_rank, world = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
     else:
         rank, local_rank, world = 0, 0, 1
-    dev = cfg['device']
-    if dev == 'auto':
-        dev = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    master = rank == 0
+    dev = resolve_device(cfg['device'])
     if ddp and dev.startswith('cuda'):
         dev = f'cuda:{local_rank}'
         torch.cuda.set_device(dev)
     device_type = 'cuda' if dev.startswith('cuda') else dev
     if ddp:
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    master = rank == 0
     if device_type == 'cpu' and cfg['cpu_malloc_tuning']:
         tune_cpu_allocator()
-    dt_name = cfg['dtype']
-    if dt_name == 'auto':
-        dt_name = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dt_name]
+    dt_name, ptdtype = resolve_dtype(cfg['dtype'], device_type)
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.depth_read)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-
-    # ---- batch arithmetic ----
     T, B = cfg['block_size'], cfg['batch_size']
-    if cfg['total_batch_size'] % (B * T * world) != 0:
-        raise SystemExit(f"total_batch_size={cfg['total_batch_size']} must be divisible by batch_size * block_size "
-                         f"* world_size = {B} * {T} * {world}")
-    grad_accum = cfg['total_batch_size'] // (B * T * world)
-    windows_per_step = cfg['total_batch_size'] // T
+    grad_accum, windows_per_step = batch_arithmetic(cfg, world, master)
 
     # ---- data ----
-    train_data, val_data = load_split(cfg, 'train'), load_split(cfg, 'val')
+    train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])
     n_windows = (len(train_data) - 1) // T
     if n_windows < windows_per_step:
-        raise SystemExit(f"train.bin holds {len(train_data)} tokens, fewer than one step of "
-                         f"{cfg['total_batch_size']}: prepare more data or lower total_batch_size")
+        fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
+             "prepare more data or lower total_batch_size", master)
     n_eval = (len(val_data) - 1) // T
     if cfg['eval_tokens']:
         n_eval = min(n_eval, cfg['eval_tokens'] // T)
     if n_eval < 1:
-        raise SystemExit(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}")
+        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}", master)
 
-    # ---- model, optimizer, state ----
-    os.makedirs(cfg['out_dir'], exist_ok=True)
+    # ---- the run directory: never replace a run by mistake ----
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
     log_path = os.path.join(cfg['out_dir'], 'log.jsonl')
+    if cfg['init_from'] not in ('scratch', 'resume'):
+        fail(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}", master)
+    if cfg['init_from'] == 'scratch' and not cfg['eval_only'] and existing_run(cfg['out_dir']):
+        if not cfg['overwrite']:
+            fail(f"{cfg['out_dir']} already holds a run: {', '.join(existing_run(cfg['out_dir']))}. "
+                 "To continue it: --init_from=resume. To start a new run: another --out_dir. "
+                 "To replace it: --overwrite=True.", master)
+        if master:
+            for name in ('ckpt.pt', 'log.jsonl', 'config.json'):
+                if os.path.exists(os.path.join(cfg['out_dir'], name)):
+                    os.remove(os.path.join(cfg['out_dir'], name))
+
+    # ---- model, optimizer, state ----
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
     model = GPT(GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})).to(dev)
     optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                            (cfg['beta1'], cfg['beta2']), device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+    scaler = torch.amp.GradScaler(device_type, init_scale=cfg['fp16_init_scale'],
+                                  enabled=(ptdtype == torch.float16))
     step, best_val = 0, float('inf')
     if cfg['init_from'] == 'resume':
         if not os.path.exists(ckpt_path):
-            raise SystemExit(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'")
-        ckpt = torch.load(ckpt_path, map_location=dev, weights_only=False)
-        check_resumable(ckpt['config'], cfg)
+            fail(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'", master)
+        ckpt = load_checkpoint(ckpt_path)
+        saved = dict(ckpt['config'])
+        saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved['max_iters']  # (older runs kept 0)
+        if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
+            cfg['lr_decay_iters'] = saved['lr_decay_iters']
+        check_resumable(saved, cfg, ckpt_path)
         model.load_state_dict(ckpt['model'])
         optimizer.load_state_dict(ckpt['optimizer'])
         scaler.load_state_dict(ckpt['scaler'])
         step, best_val = ckpt['step'], ckpt['best_val_loss']
-        torch.set_rng_state(ckpt['rng']['torch'].cpu())
+        torch.set_rng_state(ckpt['rng']['torch'])
         np.random.set_state(ckpt['rng']['numpy'])
         random.setstate(ckpt['rng']['python'])
-        if master and os.path.exists(log_path):  # forget what was logged after the checkpoint
-            with open(log_path) as f:
-                rows = [line for line in f if json.loads(line)['step'] <= step]
-            atomic_write_text(log_path, ''.join(rows))
         del ckpt
-    elif cfg['init_from'] != 'scratch':
-        raise SystemExit(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}")
-    elif master and os.path.exists(log_path):
-        os.remove(log_path)  # a fresh run starts a fresh log
+    # the schedule's length is fixed now and frozen for the rest of the run (a resume keeps it)
+    cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or cfg['max_iters']
+    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule']:
+        fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
+             f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
+             "want, add --train_past_schedule=True.", master)
+    if cfg['init_from'] == 'resume' and master and not cfg['eval_only'] and os.path.exists(log_path):
+        # forget what was logged after the checkpoint (and a line torn by a crash): it is trained again
+        rows = [r for r in read_log(log_path) if r['step'] <= step]
+        atomic_write_text(log_path, ''.join(json_line(r) for r in rows))
+
     raw_model = model                   # the plain module: checkpoints, routing diagnostics
     if cfg['compile']:
-        model = torch.compile(model)
+        # dynamic=False: every call has a static shape (training (B, T), evaluation (eval_batch_size, T)),
+        # so a shape change would be a visible recompile, never a silent switch to a slower dynamic graph
+        model = torch.compile(model, dynamic=False)
     eval_model = model                  # compiled if asked, without the DDP wrapper
     if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+        # broadcast_buffers=False: the only buffers are the constant rotary tables, no need to resend
+        # them every step; gradient_as_bucket_view: gradients live in DDP's buckets, no extra copy
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[local_rank] if device_type == 'cuda' else None,
+            broadcast_buffers=False, gradient_as_bucket_view=True)
     peak = cfg['peak_flops'] or detect_peak_flops(dev)
+    val_batches = eval_batches(n_eval, rank, world, cfg['eval_batch_size'])
 
-    if master:
+    if master and not cfg['eval_only']:
+        os.makedirs(cfg['out_dir'], exist_ok=True)
         meta = dict(cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=world,
                     grad_accum=grad_accum, device_name=torch.cuda.get_device_name(dev) if device_type == 'cuda' else dev,
                     dtype_resolved=dt_name, n_params=raw_model.get_num_params(), train_tokens=len(train_data),
                     eval_windows=n_eval)
         atomic_write_text(os.path.join(cfg['out_dir'], 'config.json'), json.dumps(meta, indent=2) + '\n')
-        print(json.dumps(meta, indent=2))
-        print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters | {grad_accum} micro-steps x {world} processes "
-              f"x {B} x {T} = {cfg['total_batch_size']} tokens per step")
+    if master:
+        print_run_summary(cfg, raw_model, grad_accum, world, dev, dt_name, len(train_data), n_eval, step)
 
     def log(row):
         if master:
             with open(log_path, 'a') as f:
-                f.write(json.dumps(row) + '\n')
+                f.write(json_line(row))
 
     @torch.no_grad()
     def evaluate():
-        """Mean NLL over the fixed validation windows; ranks split them and the sums are reduced."""
+        """Mean NLL over the fixed validation windows; ranks split them and the sums are reduced.
+        The sums stay on the device: one read-back at the end, not one per batch."""
         model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of losses, number of tokens)
-        mine = list(range(rank, n_eval, world))
-        for i in range(0, len(mine), cfg['eval_batch_size']):
-            x, y = get_windows(val_data, mine[i:i + cfg['eval_batch_size']], T)
+        total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
+        for windows in val_batches:
+            x, y = get_windows(val_data, windows, T)
+            x, y = x.to(dev), y.to(dev)
             with ctx:
-                _, loss = eval_model(x.to(dev), y.to(dev))
-            total += torch.tensor([loss.item() * y.numel(), y.numel()], dtype=torch.float64, device=dev)
+                _, loss = eval_model(x, y)   # mean over the scored tokens (padding has y = -1)
+            n = (y != -1).sum().double()
+            total += torch.stack([torch.where(n > 0, loss.double() * n, 0.0), n])
         if ddp:
             torch.distributed.all_reduce(total)
         routing = None
@@ -305,35 +366,55 @@ def main(argv):
         model.train()
         return (total[0] / total[1]).item(), routing
 
-    def save_checkpoint():
+    if cfg['eval_only']:  # evaluate what there is (the checkpoint, or the initialisation), log, exit
+        val_loss, routing = evaluate()
         if master:
-            atomic_save(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                             step=step, best_val_loss=best_val, config=cfg,
-                             rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(), python=random.getstate())),
-                        ckpt_path)
+            print(f"step {step}: val loss {val_loss:.4f} (eval_only: nothing trained or saved)")
+            if cfg['init_from'] == 'resume':
+                log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing,
+                         eval_only=True))
+        return
 
-    def diverged(what):
-        raise SystemExit(f"non-finite {what} at step {step}: stopped without saving, so the last good checkpoint "
-                         f"({ckpt_path}, if any) is kept. Start again with a lower learning_rate, more "
-                         "warmup_iters or a grad_clip.")
+    # The divergence guard without a host sync: each step folds "was the loss / the gradient norm
+    # non-finite" into these device flags (first step it happened, -1 = never), which are read back
+    # only at log steps and before a checkpoint is written. A diverged run therefore goes on for at
+    # most log_interval - 1 steps (or until the next eval) and then stops, and a checkpoint is never
+    # written after a non-finite step.
+    first_nonfinite = torch.full((2,), -1, dtype=torch.int64, device=dev)  # (loss, gradient norm)
+
+    def stop_if_diverged(now):
+        if ddp:  # the ranks agree (a loss can go non-finite on one rank first)
+            torch.distributed.all_reduce(first_nonfinite, op=torch.distributed.ReduceOp.MAX)
+        loss_step, norm_step = first_nonfinite.tolist()
+        if loss_step >= 0 or norm_step >= 0:
+            fail(divergence_message(loss_step, norm_step, now, ckpt_path), master)
+
+    def save():
+        stop_if_diverged(step)
+        if master:
+            save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                                 scaler=scaler.state_dict(), step=step, best_val_loss=best_val, config=cfg,
+                                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+                                          python=random.getstate())), ckpt_path)
 
     # ---- the loop ----
-    resumed_at = step if cfg['init_from'] == 'resume' else None
+    start_step = step
     t_last, t_last_step = time.time(), step
+    skipped_in_a_row = skipped_since_log = 0
     while True:
-        if (step % cfg['eval_interval'] == 0 or step == cfg['max_iters']) and step != resumed_at:
+        # evaluate (and checkpoint) every eval_interval steps; a resumed run's step was evaluated before the save
+        if (step % cfg['eval_interval'] == 0 or step == cfg['max_iters']) and not (step == start_step > 0):
             val_loss, routing = evaluate()
             if not math.isfinite(val_loss):
-                diverged(f"validation loss {val_loss}")
+                fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving, so the "
+                     f"last good checkpoint ({ckpt_path}, if any) is kept", master)
             best_val = min(best_val, val_loss)
             if master:
-                print(f"step {step}: val loss {val_loss:.4f}")
+                print(f"step {step}: val loss {val_loss:.4f}", flush=True)
             log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing))
-            if cfg['eval_only']:
-                break
             if step > 0 and (cfg['always_save_checkpoint'] or step == cfg['max_iters']):
-                save_checkpoint()
-            t_last, t_last_step = time.time(), step
+                save()
+            t_last, t_last_step = time.time(), step   # the evaluation's time is not training time
         if step >= cfg['max_iters']:
             break
 
@@ -345,42 +426,95 @@ def main(argv):
         loss_sum = torch.zeros((), device=dev)
         for micro in range(grad_accum):
             x, y = get_windows(train_data, mine[micro * B:(micro + 1) * B], T)
-            if device_type == 'cuda':
+            if device_type == 'cuda':  # pinned memory: the copy runs while the GPU works
                 x, y = x.pin_memory(), y.pin_memory()
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            if ddp:  # synchronise gradients on the last micro-step only
+            if ddp:
+                # gradients are all-reduced once per step, on the last micro-step, not after each one
                 model.require_backward_grad_sync = micro == grad_accum - 1
             with ctx:
                 _, loss = model(x, y)
+                # each micro-batch's loss is a mean over its tokens; dividing by grad_accum makes the
+                # summed gradients those of the mean over the whole step
                 loss = loss / grad_accum
             loss_sum += loss.detach()
-            scaler.scale(loss).backward()
-        scaler.unscale_(optimizer)
+            scaler.scale(loss).backward()  # float16: scaled up so that small gradients do not underflow
+        scaler.unscale_(optimizer)         # (no-ops unless float16)
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'] or float('inf'))
-        if not torch.isfinite(norm):
-            diverged(f"training loss {loss_sum.item()}, gradient norm {norm.item()}")
-        scaler.step(optimizer)
-        scaler.update()
+        # (with float16 a non-finite norm is the scaler's business: it skips the step, below)
+        bad = torch.stack([~torch.isfinite(loss_sum), ~torch.isfinite(norm) & (not scaler.is_enabled())])
+        first_nonfinite.copy_(torch.where(bad & (first_nonfinite < 0), step, first_nonfinite))  # on the device
+        if scaler.is_enabled():
+            # float16: the scaler skips a step whose gradients overflowed and halves its scale. Its own
+            # check already reads the device, so comparing the scales costs no extra wait.
+            scale = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            skipped = scaler.get_scale() < scale
+            skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
+            skipped_since_log += skipped
+            if skipped_in_a_row >= MAX_SKIPPED_STEPS:
+                fail(f"float16: {skipped_in_a_row} steps in a row had non-finite gradients and were skipped "
+                     f"(loss scale now {scaler.get_scale():g}), up to step {step}: the run has diverged. Stopped "
+                     f"without saving; the last good checkpoint ({ckpt_path}, if any) is kept.", master)
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
+            stop_if_diverged(step)
             if ddp:
                 torch.distributed.all_reduce(loss_sum)
             train_loss = loss_sum.item() / world  # .item() also waits for the device, so dt below is real
             now = time.time()
             dt = (now - t_last) / (step - t_last_step)
+            first_interval = t_last_step == start_step  # includes torch.compile's compilation: no MFU
             t_last, t_last_step = now, step
             tok_s = cfg['total_batch_size'] / dt
-            mfu = raw_model.estimate_mfu(cfg['total_batch_size'] // world, dt, peak, T) if peak else None
+            mfu = raw_model.estimate_mfu(cfg['total_batch_size'] // world, dt, peak, T) \
+                if peak and not first_interval else None
+            norm_value = norm.item()
             if master:
-                print(f"step {step:5d} | loss {train_loss:.4f} | lr {lr:.2e} | norm {norm.item():.3f} | dt {dt * 1000:.0f}ms "
-                      f"| tok/s {tok_s:,.0f} | mfu {'-' if mfu is None else f'{100 * mfu:.1f}%'}", flush=True)
+                eta = (cfg['max_iters'] - step) * dt
+                print(f"step {step:5d} | loss {train_loss:.4f} | lr {lr:.2e} | norm {norm_value:.3f} | "
+                      f"dt {dt * 1000:.0f}ms | tok/s {tok_s:,.0f} | mfu {'-' if mfu is None else f'{100 * mfu:.1f}%'}"
+                      + (f" | skipped {skipped_since_log}" if scaler.is_enabled() else '')
+                      + f" | eta {format_duration(eta)}", flush=True)
             log(dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=train_loss, lr=lr,
-                     norm=norm.item(), dt=dt, tok_per_s=tok_s, mfu=mfu, data_hash=windows_hash(windows)))
+                     norm=norm_value if math.isfinite(norm_value) else None, dt=dt, tok_per_s=tok_s, mfu=mfu,
+                     data_hash=windows_hash(windows),
+                     **(dict(skipped_steps=skipped_since_log, loss_scale=scaler.get_scale())
+                        if scaler.is_enabled() else {})))
+            skipped_since_log = 0
 
-    if ddp:
-        torch.distributed.destroy_process_group()
+
+# -----------------------------------------------------------------------------
+# Console and log formatting
+
+def json_line(row):
+    return json.dumps(row) + '\n'
+
+
+def format_duration(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def print_run_summary(cfg, model, grad_accum, world, dev, dt_name, train_tokens, n_eval, step):
+    """A few lines that matter; the whole configuration is in out_dir/config.json."""
+    T = cfg['block_size']
+    print(f"{cfg['residual']} | {cfg['n_layer']} layers x {cfg['n_embd']} ({cfg['n_head']} heads), "
+          f"attnres_block_size {cfg['attnres_block_size']}, context {T} | "
+          f"{model.get_num_params() / 1e6:.2f}M parameters | seed {cfg['seed']}")
+    print(f"batch: {grad_accum} micro-steps x {world} processes x {cfg['batch_size']} x {T} = "
+          f"{cfg['total_batch_size']:,} tokens per step | {cfg['max_iters']} steps = "
+          f"{cfg['max_iters'] * cfg['total_batch_size'] / 1e6:,.1f}M tokens | LR {cfg['learning_rate']:g}, "
+          f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
+    print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
+          f"{dev}, {dt_name}{', compiled' if cfg['compile'] else ''}")
+    print(f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
+          + (f" | resumed at step {step}" if step else ''), flush=True)
 
 
 if __name__ == '__main__':

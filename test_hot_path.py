@@ -1,0 +1,222 @@
+"""What an 8-GPU run needs from the training loop, checked on the CPU (README "Ready for GPUs"):
+the data order is cached and unchanged, no step waits for the device, every compiled call has one
+static shape, float16 survives its loss scaler, the depth logits never go through a (TF32) matmul,
+and the small things: MFU, dtype choice, errors under torchrun."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+
+import numpy as np
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import common
+import model as model_module
+import train
+from test_train import HERE, TINY, read_log, run
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    import prepare
+    root = tmp_path_factory.mktemp('data')
+    prepare.main(['--dataset', 'tiny', '--data_dir', str(root), '--num_proc', '1'])
+    return str(root)
+
+
+def train_here(args, data_dir, out_dir):
+    """train.py's main() in this process, so that its calls can be counted."""
+    train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False', *args])
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The data order: cached per epoch, bit for bit the order it always was
+
+def reference_step_windows(step, n_windows, windows_per_step, seed):
+    """The order as first written: a fresh permutation per epoch, every time it is asked for."""
+    first, out = step * windows_per_step, []
+    while len(out) < windows_per_step:
+        epoch, offset = divmod(first + len(out), n_windows)
+        order = np.random.default_rng([seed, epoch]).permutation(n_windows)
+        out.extend(order[offset:offset + windows_per_step - len(out)].tolist())
+    return out
+
+
+def test_cached_order_is_the_same_order_and_built_once_per_epoch():
+    train.window_order.cache_clear()
+    n, per_step = 1000, 64                                   # 15.6 steps per epoch: steps straddle epochs
+    for step in range(40):
+        assert train.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
+    assert train.window_order.cache_info().misses == 3       # epochs 0, 1 and 2, each built once
+
+
+def test_committed_study_logs_still_match_their_data_order():
+    # the study's runs logged a fingerprint of every 10th step's windows: the code must still produce them
+    for path in ('study/runs/main/attnres_s1', 'study/runs/early/ctrl_dup_s4'):
+        cfg = json.load(open(os.path.join(HERE, path, 'config.json')))
+        n_windows = (cfg['train_tokens'] - 1) // cfg['block_size']
+        per_step = cfg['total_batch_size'] // cfg['block_size']
+        rows = [r for r in common.read_log(os.path.join(HERE, path, 'log.jsonl')) if 'data_hash' in r]
+        assert len(rows) >= 10
+        for r in rows:   # logged after step r['step'] - 1 was trained
+            windows = train.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
+            assert train.windows_hash(windows) == r['data_hash'], (path, r['step'])
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. No host sync in a step: the only device reads are at log steps and evaluations
+
+def count_syncs(monkeypatch):
+    """Record every read of a tensor's value back to Python made by train.py's own code."""
+    calls = []
+    for name in ('item', 'tolist', '__bool__', '__float__', '__int__'):
+        original = getattr(torch.Tensor, name)
+
+        def reader(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename == train.__file__:
+                calls.append((_name, caller.f_lineno))
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, reader)
+    return calls
+
+
+def test_training_steps_read_nothing_back_between_log_steps(data_dir, tmp_path, monkeypatch):
+    calls = count_syncs(monkeypatch)
+    common_args = ['--log_interval=4', '--eval_interval=100', '--lr_decay_iters=8', '--log_routing=False']
+    train_here(common_args + ['--max_iters=4'], data_dir, str(tmp_path / 'a'))
+    four = len(calls)
+    calls.clear()
+    train_here(common_args + ['--max_iters=8'], data_dir, str(tmp_path / 'b'))
+    # four more steps, one more log step: a read per step would add at least 4
+    assert 0 < len(calls) - four < 4, calls
+
+
+def test_evaluation_reads_back_once_whatever_the_number_of_batches(data_dir, tmp_path, monkeypatch):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2'], data_dir, out)
+    calls = count_syncs(monkeypatch)
+    counts = []
+    for eval_batch_size in (1, 8):   # 16 batches vs 2 batches of the 16 validation windows
+        calls.clear()
+        train_here(['--init_from=resume', '--eval_only=True', '--log_routing=False', '--max_iters=2',
+                    f'--eval_batch_size={eval_batch_size}'], data_dir, out)
+        counts.append(len(calls))
+    assert 0 < counts[0] == counts[1] <= 2, calls   # (0 would mean nothing was evaluated)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Static shapes: one graph for training, one for evaluation, no recompile, even with a ragged eval
+
+def test_compiled_run_with_a_ragged_evaluation_compiles_each_graph_once(data_dir, tmp_path, monkeypatch):
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    counter = CompileCounter()   # a dynamo backend that counts the graphs it is given (and runs them eagerly)
+    monkeypatch.setattr(torch, 'compile', functools.partial(torch.compile, backend=counter))
+    # 11 validation windows in batches of 4: 4 + 4 + 3 unless padded to whole batches
+    train_here(['--compile=True', '--eval_tokens=352', '--eval_batch_size=4', '--eval_interval=2', '--max_iters=6',
+                '--log_routing=False'], data_dir, str(tmp_path / 'run'))
+    assert counter.frame_count == 2, counter.frame_count   # training (4 x 32) and evaluation (4 x 32)
+    torch._dynamo.reset()
+
+
+def test_padding_the_last_batch_scores_the_same_tokens(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--eval_tokens=352'], data_dir, out)          # 11 validation windows
+    losses = []
+    for eval_batch_size in (4, 11):                                     # padded (4 + 4 + 3 + 1 pad) vs exact
+        run(['--init_from=resume', '--eval_only=True', '--max_iters=2', '--eval_tokens=352',
+             f'--eval_batch_size={eval_batch_size}'], data_dir, out)
+        losses.append(read_log(out)[1][2]['val_loss'])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert train.eval_batches(11, 0, 1, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, -1]]
+    # two ranks: the same number of batches each (5 and 6 windows)
+    assert train.eval_batches(11, 1, 2, 4) == [[1, 3, 5, 7], [9, -1, -1, -1]]
+    assert len(train.eval_batches(11, 0, 2, 4)) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. float16: an overflow is a skipped step, not the end of the run
+
+def test_fp16_overflows_are_skipped_steps(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    # 2^24: scaled gradients overflow fp16 at first; the scaler halves the scale until they fit
+    run(['--dtype=float16', '--fp16_init_scale=16777216.0', '--max_iters=10', '--lr_decay_iters=10',
+         '--eval_interval=10'], data_dir, out)
+    train_rows, val_rows = read_log(out)
+    skipped = sum(r['skipped_steps'] for r in train_rows.values())
+    assert skipped >= 2 and train_rows[10]['loss_scale'] < 2 ** 24
+    assert val_rows[10]['val_loss'] < val_rows[0]['val_loss']           # and it trained
+    assert os.path.exists(os.path.join(out, 'ckpt.pt'))
+
+
+def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    p = run(['--dtype=float16', '--fp16_init_scale=1e30', '--max_iters=40', '--lr_decay_iters=40',
+             '--eval_interval=5'], data_dir, out, expect_ok=False)
+    assert p.returncode != 0 and f'{train.MAX_SKIPPED_STEPS} steps in a row' in p.stderr, p.stderr[-1500:]
+    # skipped steps leave the weights as they were: what was saved before the stop is still good
+    ckpt = common.load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert ckpt['step'] < 25 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The depth logits are true float32: no matmul (which TF32 would round) inside a read
+
+class RecordOps(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, '__name__', str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_depth_read_uses_no_matmul():
+    values = [torch.randn(2, 3, 8) for _ in range(3)]
+    with RecordOps() as ops:
+        model_module.depth_read(values, [model_module.inverse_rms(v) for v in values], torch.randn(2, 8))
+    assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm'} & set(ops.names)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. The small things a GPU user would hit
+
+def test_mfu_knows_the_h100_variants_and_skips_the_first_interval(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    for name, flops in [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
+                        ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA GeForce GTX 1080', 0.0)]:
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
+        assert model_module.detect_peak_flops('cuda:3') == flops, name
+    monkeypatch.undo()
+    out = str(tmp_path / 'run')
+    run(['--peak_flops=1e12', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=100'], data_dir, out)
+    rows = read_log(out)[0]
+    assert rows[1]['mfu'] is None and all(rows[s]['mfu'] > 0 for s in (2, 3, 4))  # step 1 includes the warm-up
+
+
+def test_auto_dtype_takes_fp16_where_bf16_would_only_be_emulated(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: including_emulation)
+    assert common.resolve_dtype('auto', 'cuda') == ('float16', torch.float16)      # a V100
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)
+    assert common.resolve_dtype('auto', 'cuda') == ('bfloat16', torch.bfloat16)    # an A100 or H100
+    assert common.resolve_dtype('auto', 'cpu') == ('float32', torch.float32)
+
+
+def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, tmp_path):
+    torchrun = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
+    # 256 tokens per step over 2 processes = 4 windows of 32 each: batch_size 3 cannot split them
+    p = run(['--batch_size=3'], data_dir, str(tmp_path / 'run'), expect_ok=False, launcher=torchrun)
+    assert p.returncode != 0
+    assert p.stderr.count('must be divisible by batch_size') == 1, p.stderr[-3000:]
+    assert 'batch_size=2 works' in p.stderr
+    assert train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=2 ** 19), 8, True) == (4, 512)
+    with pytest.raises(SystemExit, match='batch_size=12 works'):   # 24 windows per process: 16 does not divide them
+        train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=1024 * 6 * 24), 6, True)
