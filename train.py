@@ -299,7 +299,7 @@ def train(cfg, ddp):
         del ckpt
     # the schedule's length is fixed now and frozen for the rest of the run (a resume keeps it)
     cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or cfg['max_iters']
-    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule']:
+    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
         fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
              f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
              "want, add --train_past_schedule=True.", master)
