@@ -11,8 +11,10 @@ shape, measured side by side in one run.
 A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
 rounds (the order rotates every round) so that drifting machine load does not favour one; the
 reported time is the median over all timed steps, and a ratio between two modes is the median over
-rounds of their per-round ratio (load that changes between rounds cancels out). Peak memory is measured for each mode in a fresh
-subprocess (CUDA: max allocated; CPU: peak resident set size, VmHWM, which includes ~0.3 GB of libraries).
+rounds of their per-round ratio (load that changes between rounds cancels out). Peak memory: on CPU
+the peak resident set size (VmHWM, which includes ~0.3 GB of libraries) of a fresh subprocess per
+mode; on CUDA the allocator's peak during the mode's warm-up, less what other modes hold.
+"first step s" is the first warm-up step, which includes compilation under --compile.
 """
 
 import json
@@ -147,15 +149,25 @@ def main(argv):
           f"S={cfg['attnres_block_size']}, {device} {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}"
           + (f", cpu_malloc_tuning={cfg['cpu_malloc_tuning']}" if device == 'cpu' else ''))
-    memory = {m: peak_memory_of(m, argv) for m in modes} if cfg['memory'] else {}
+    cuda = device.startswith('cuda')
+    # CPU: the peak RSS of a fresh process per mode. CUDA: measured here, per mode, as the peak of the
+    # allocator during the mode's warm-up minus what was allocated before its model was built (no
+    # fresh process, so no second compilation).
+    memory = {m: peak_memory_of(m, argv) for m in modes} if cfg['memory'] and not cuda else {}
     models, steps, first_step = {}, {}, {}
     for mode in modes:
+        if cuda:
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         models[mode] = build(cfg, mode, device)
         steps[mode] = make_step(models[mode][1], models[mode][2], x, y, device, ptdtype)
         for _ in range(cfg['warmup']):       # the first one includes compilation under --compile
             t0 = time.perf_counter()
             steps[mode]()
             first_step.setdefault(mode, time.perf_counter() - t0)
+        if cuda and cfg['memory']:
+            memory[mode] = torch.cuda.max_memory_allocated(device) - before
     times = {m: [] for m in modes}          # times[mode][round] = the timed steps of that round
     for r in range(cfg['rounds']):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
