@@ -7,6 +7,7 @@ shape, measured side by side in one run.
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
     python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
+    python bench.py --checkpoint=True --n_layer=24 --n_head=16 --n_embd=1024 --block_size=1024   # checksum cost, 343m
 
 A timed step is forward + backward + AdamW step on a fixed random batch. Modes are interleaved in
 rounds (the order rotates every round) so that drifting machine load does not favour one; the
@@ -43,6 +44,7 @@ DEFAULTS = dict(
     data_windows=2_050_000,       # --data: windows of training data: FineWeb-Edu's 2.1B tokens at T=1024
     data_ranks=8,                 # --data: processes that split a step (rank 0's share is timed)
     data_steps=400,               # --data: steps timed
+    checkpoint=False,             # instead: time the checksum of a checkpoint of this shape (model + AdamW)
 )
 
 
@@ -116,10 +118,35 @@ def peak_rss():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmHWM:'))
 
 
+def bench_checkpoint(cfg):
+    """What the checkpoint checksum costs: a checkpoint of this shape (model + both AdamW moments, as
+    train.py saves it), hashed as save_checkpoint and load_checkpoint do, against writing it."""
+    import tempfile
+    from common import content_digest
+    model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
+                          block_size=cfg['block_size'], residual='rd_attnres', attnres_block_size=cfg['attnres_block_size']))
+    state = dict(model=model.state_dict(),
+                 optimizer=dict(state={i: dict(step=torch.tensor(1.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                                       for i, p in enumerate(model.parameters())}))
+    size = sum(t.numel() * t.element_size() for part in (state['model'], *state['optimizer']['state'].values())
+               for t in part.values())
+    t0 = time.perf_counter()
+    content_digest(state)
+    hashed = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(dir='.') as d:
+        t0 = time.perf_counter()
+        torch.save(state, os.path.join(d, 'ckpt.pt'))
+        saved = time.perf_counter() - t0
+    print(f"checkpoint of {model.get_num_params() / 1e6:.1f}M parameters + AdamW: {size / 1e9:.2f} GB; "
+          f"checksum {hashed:.2f} s ({size / hashed / 1e9:.2f} GB/s), torch.save to disk {saved:.2f} s")
+
+
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     if cfg['data']:
         return bench_data(cfg)
+    if cfg['checkpoint']:
+        return bench_checkpoint(cfg)
     device = resolve_device(cfg['device'])
     if device == 'cpu' and cfg['cpu_malloc_tuning']:
         tune_cpu_allocator()

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import secrets
 import subprocess
 import sys
 import time
@@ -48,6 +49,10 @@ always_save_checkpoint = True
 init_from = 'scratch'       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 overwrite = False           # allow a scratch run to replace the run already in out_dir
 log_routing = True          # depth distributions of the first validation batch at every eval
+wandb_log = False           # also send what log.jsonl gets to Weights & Biases (rank 0; `pip install wandb`)
+wandb_project = 'rd-attnres'
+wandb_run_name = ''         # '' = the out_dir's name, e.g. rd_120m_s1
+wandb_group = ''            # '' = the comparison: shape and budget, e.g. 12x768_1024ctx_3815steps
 # data
 dataset = 'tiny'            # data/<dataset>/{train,val}.bin, written by prepare.py
 data_dir = 'data'
@@ -323,6 +328,9 @@ def train(cfg, ddp):
     peak = cfg['peak_flops'] or detect_peak_flops(dev)
     val_batches = eval_batches(n_eval, rank, world, cfg['eval_batch_size'])
 
+    # (before config.json is written: the tracked run's id goes into it, so that a resume finds it)
+    tracker = start_wandb(cfg, saved if cfg['init_from'] == 'resume' else {}) \
+        if master and cfg['wandb_log'] and not cfg['eval_only'] else None
     if master and not cfg['eval_only']:
         os.makedirs(cfg['out_dir'], exist_ok=True)
         meta = dict(cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=world,
@@ -337,6 +345,8 @@ def train(cfg, ddp):
         if master:
             with open(log_path, 'a') as f:
                 f.write(json_line(row))
+            if tracker is not None:
+                tracker.log(wandb_row(row), step=row['step'])
 
     @torch.no_grad()
     def evaluate():
@@ -487,6 +497,37 @@ def train(cfg, ddp):
                      **(dict(skipped_steps=skipped_since_log, loss_scale=scaler.get_scale())
                         if scaler.is_enabled() else {})))
             skipped_since_log = 0
+    if tracker is not None:
+        tracker.finish()
+
+
+# -----------------------------------------------------------------------------
+# Weights & Biases (nanoGPT's wandb_log / wandb_project / wandb_run_name), imported only when on
+
+def start_wandb(cfg, saved):
+    """One tracked run per training run: the arms of a comparison share a group (shape and budget),
+    each is named after its out_dir and tagged with its mode and seed, so that pairs line up in the
+    dashboard. The run's id is kept in config.json and the checkpoints: a resume continues it."""
+    import wandb
+    cfg['wandb_run_id'] = saved.get('wandb_run_id') or secrets.token_hex(4)   # a new run's id: 8 hex digits
+    group = cfg['wandb_group'] or f"{cfg['n_layer']}x{cfg['n_embd']}_{cfg['block_size']}ctx_{cfg['max_iters']}steps"
+    return wandb.init(project=cfg['wandb_project'], name=cfg['wandb_run_name'] or os.path.basename(cfg['out_dir']),
+                      group=group, job_type=cfg['residual'], tags=[cfg['residual'], f"seed{cfg['seed']}"],
+                      config=cfg, id=cfg['wandb_run_id'], resume='allow')
+
+
+def wandb_row(row):
+    """A log.jsonl row as flat dashboard keys: train/loss, val/loss, routing/layer3/js_qk_v, ..."""
+    out = {}
+    for key, value in row.items():
+        if key in ('train_loss', 'val_loss'):
+            out[f"{key.split('_')[0]}/loss"] = value
+        elif key == 'routing':
+            for layer in (value or {}).get('summary', []):
+                out.update({f"routing/layer{layer['layer']}/{k}": v for k, v in layer.items() if k != 'layer'})
+        elif key not in ('step', 'data_hash', 'eval_only') and value is not None:
+            out[f"train/{key}" if key != 'tokens' else key] = value
+    return out
 
 
 # -----------------------------------------------------------------------------

@@ -16,4 +16,4 @@ learning_rate = 2e-3
 eval_interval = 100
 eval_tokens = 16384
 log_interval = 20
-device = 'cpu'
+device = 'auto'            # the best there is: a GPU, Apple's MPS, or the CPU
