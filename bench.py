@@ -35,6 +35,8 @@ DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
     n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
     device='auto', dtype='float32', compile=False,
+    compile_regional=False,       # with compile: compile each block's attention and MLP (one graph reused by
+                                  # every layer) instead of the whole model; the depth reads stay eager
     rounds=12, steps=1, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
     memory=True, peak_flops=0.0, seed=0,
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
@@ -54,7 +56,11 @@ def build(cfg, mode, device):
                           block_size=cfg['block_size'], residual=mode,
                           attnres_block_size=cfg['attnres_block_size'])).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
-    runner = torch.compile(model) if cfg['compile'] else model
+    runner = torch.compile(model) if cfg['compile'] and not cfg['compile_regional'] else model
+    if cfg['compile'] and cfg['compile_regional']:
+        for block in model.transformer.h:
+            block.attn.compile()
+            block.mlp.compile()
     return model, runner, optimizer
 
 
@@ -76,7 +82,7 @@ def bench_data(cfg):
     are an untouched in-memory array of data_windows windows (its pages read as zeros without any I/O),
     i.e. a token file already in the page cache: what is timed is the loop's own work, not the disk."""
     import numpy as np
-    from train import get_windows, step_windows
+    from common import get_windows, step_windows
     T, B, world = cfg['block_size'], cfg['batch_size'], cfg['data_ranks']
     windows_per_step = 2 ** 19 // T
     data = np.zeros(cfg['data_windows'] * T + 1, dtype=np.uint16)

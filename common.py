@@ -2,21 +2,24 @@
 What the scripts share (nanochat keeps the same kind of helpers in its common.py):
 
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME
+  - the paired data order: window_order, step_windows, windows_hash, get_windows
   - device and precision: resolve_device, resolve_dtype, tune_cpu_allocator
   - the files of a run, written so that a kill at any moment loses nothing and read with checks:
     atomic_write_text, save_checkpoint / load_checkpoint (a checksum over the whole content), read_log
     (log.jsonl; a line torn by a crash mid-write is dropped with a warning)
 
-train.py, sample.py, bench.py, compare.py and study.py import from here; none of them imports train.py.
+train.py, sample.py, bench.py, compare.py, study.py and prepare.py import from here; none of them
+imports train.py. torch is imported inside the functions that need it, because prepare.py's worker
+processes import this module too and have no use for it.
 """
 
+import functools
 import hashlib
 import json
 import os
 import warnings
 
 import numpy as np
-import torch
 
 # the model's shape: a checkpoint can only be loaded into a model built from these
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
@@ -28,10 +31,52 @@ FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size
 
 
 # -----------------------------------------------------------------------------
+# The paired data order: one global sequence of training windows, keyed by the seed
+
+@functools.lru_cache(maxsize=2)  # a step spans at most two epochs: each permutation is built once
+def window_order(n_windows, seed, epoch):
+    """The permutation of training windows for one pass over the data, keyed by (seed, epoch)."""
+    order = np.random.default_rng([seed, epoch]).permutation(n_windows)
+    order.flags.writeable = False  # shared by every step of the epoch
+    return order
+
+
+def step_windows(step, n_windows, windows_per_step, seed):
+    """Indices of the windows that optimizer step `step` trains on, in order, all ranks together: the
+    slice [step * W, (step + 1) * W) of the endless sequence of epochs. It depends on nothing but the
+    seed, the step and the batch in windows, so every arm of a seed, on any number of processes and
+    with any micro-batch size, trains on the same windows at the same step."""
+    first = step * windows_per_step
+    out = []
+    while len(out) < windows_per_step:
+        epoch, offset = divmod(first + len(out), n_windows)
+        out.extend(window_order(n_windows, seed, epoch)[offset:offset + windows_per_step - len(out)].tolist())
+    return out
+
+
+def windows_hash(windows):
+    """A short fingerprint of a step's windows, logged so that anyone can check that two arms were paired."""
+    return hashlib.sha1(np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:12]
+
+
+def get_windows(data, windows, block_size):
+    """(x, y) int64 tensors for window indices: window i is tokens [i*T, i*T + T + 1), y is x shifted by
+    one. Index -1 is a padding row (x = 0, y = -1: cross_entropy's ignore_index, so it is never scored)."""
+    import torch
+    rows = np.full((len(windows), block_size + 1), -1, dtype=np.int64)
+    for r, i in enumerate(windows):
+        if i >= 0:
+            rows[r] = data[i * block_size:i * block_size + block_size + 1]
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
+
+
+# -----------------------------------------------------------------------------
 # Device and precision
 
 def resolve_device(device):
     """'auto' -> the best available: 'cuda', then Apple's 'mps', then 'cpu'; anything else as given."""
+    import torch
     if device != 'auto':
         return device
     if torch.cuda.is_available():
@@ -42,6 +87,7 @@ def resolve_device(device):
 def resolve_dtype(dtype, device_type):
     """'auto' -> bfloat16 on GPUs that have it in hardware (Ampere and newer), float16 on older GPUs
     (a V100 would only emulate bf16, slowly), float32 elsewhere. Returns (name, torch dtype)."""
+    import torch
     if dtype == 'auto':
         if device_type == 'cuda':
             dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
@@ -82,6 +128,7 @@ def content_digest(obj):
     """SHA-256 over everything a checkpoint holds: every tensor's dtype, shape and bytes, every other
     value's repr, in order. Stored in the checkpoint and recomputed on load, so a flipped byte
     anywhere in the tensors (which torch.load does not notice) is caught before a run resumes from it."""
+    import torch
     h = hashlib.sha256()
 
     def walk(x):
@@ -109,6 +156,7 @@ def content_digest(obj):
 
 def save_checkpoint(obj, path):
     """torch.save with a checksum of the content, to a temporary name, then renamed."""
+    import torch
     torch.save(dict(obj, sha256=content_digest(obj)), path + '.tmp')
     os.replace(path + '.tmp', path)
 
@@ -116,6 +164,7 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path):
     """Load a checkpoint onto the CPU (the caller moves what it needs) and verify its checksum.
     A damaged file is an error that leaves the file as it is."""
+    import torch
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=False)
     except Exception as e:  # truncated, or damaged where the zip/pickle structure notices

@@ -20,6 +20,7 @@ import os
 import sys
 
 from common import FROZEN_ON_RESUME, atomic_write_text, read_log
+from model import ATTENTION_ROUTES
 
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'ctrl_mix': 'attnres', 'attnres': 'standard'}
@@ -228,7 +229,7 @@ def plot(results, groups, out_dir):
         plt.close(fig)
         written.append(path)
     for by_mode in groups.values():
-        for mode in ('rd_attnres', 'ctrl_fixed_v', 'ctrl_dup'):   # the modes with a V route of their own
+        for mode in [m for m, routes in ATTENTION_ROUTES.items() if 'v' in routes]:   # a V route of their own
             for seed, run in sorted(by_mode.get(mode, {}).items()):
                 routed = [(s, e['routing']) for s, e in sorted(run['evals'].items()) if e.get('routing')]
                 if not routed:

@@ -1,16 +1,29 @@
 """
 A GPT language model with three kinds of residual connection, selected by one flag.
 
-    residual='standard'    h_{l+1} = h_l + f_l(h_l)                    the pre-norm baseline
-    residual='attnres'     h_l = sum_s softmax_s(w_l . RMSNorm(V_s)) V_s   Block Attention Residuals
+    residual='standard'    h_{l+1} = h_l + f_l(h_l)                        the pre-norm baseline
+    residual='attnres'     h_l = sum_s softmax_s(w_l . RMSNorm(b_s)) b_s   Block Attention Residuals
     residual='rd_attnres'  the same read twice before attention: one route for Q/K,
                            one for V (Role-Decoupled Attention Residuals)
 
 plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v) and
-ctrl_mix, our control for "two reads are simply a richer input" (two routes averaged, roles coupled).
-Everything else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms,
-rotary position embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
-The technical reference is SPEC.md (§ numbers below point into it).
+ctrl_mix, our control for "two reads are simply a richer input" (README: "Controls"). Everything
+else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
+embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
+
+Glossary (README: "The three modes in a few lines of math")
+    sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers,
+              numbered l = 0 .. L-1 (even: attention, odd: MLP)
+    S         attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes)
+    block     an AttnRes block: S consecutive sublayers. (Not a transformer Block, and not block_size,
+              which is the context length.)
+    source    what a depth read chooses from: b_0 = the token embedding, b_n = the sum of the outputs
+              of the sublayers of AttnRes block n, and the partial
+    partial   the sum of the outputs of the current AttnRes block so far
+    read      h = sum_s alpha_s * source_s with alpha = softmax_s(w . RMSNorm(source_s)): a learned
+              pseudo-query w against RMS-normalised keys, raw values mixed
+    route     one softmax of a read, with its own pseudo-query: qk (feeds queries and keys; the only
+              route of attnres), v (feeds values: RD-AttnRes), mix (ctrl_mix), mlp, final
 """
 
 import math
@@ -22,8 +35,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
-# modes whose attention sublayer reads the depth sources twice (rd_attnres's cost)
-TWO_ROUTE_MODES = ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
+# The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses.
+# Two routes cost rd_attnres's compute; ctrl_dup's two routes share one query (attnres's function).
+ATTENTION_ROUTES = {
+    'attnres':      {'qk': 'attn_query'},
+    'ctrl_params':  {'qk': 'attn_query'},
+    'rd_attnres':   {'qk': 'attn_query', 'v': 'value_query'},
+    'ctrl_fixed_v': {'qk': 'attn_query', 'v': 'value_query'},   # value_query frozen at zero (a buffer)
+    'ctrl_dup':     {'qk': 'attn_query', 'v': 'attn_query'},
+    'ctrl_mix':     {'qk': 'attn_query', 'mix': 'mix_query'},
+}
 RMS_EPS = 1e-6
 
 
@@ -117,7 +138,7 @@ class MLP(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# The depth read (SPEC §1.2): the heart of AttnRes and RD-AttnRes
+# The depth read: the heart of AttnRes and RD-AttnRes
 
 def fp32(x):
     """Upcast bf16/fp16 to float32; float32 and float64 (used by the exactness tests) pass through."""
@@ -125,48 +146,100 @@ def fp32(x):
 
 
 def inverse_rms(x):
-    """1/rms(x) per token, shape (B, T, 1). The key of a source is RMSNorm(x) = x * inverse_rms(x) * gain;
-    folding the gain into the query (below), a source's keys cost one (B, T, 1) tensor, computed once
-    per forward for a finished block and never a normalised copy of the whole (B, T, d) source."""
+    """1/rms(x) per token, shape (B, T, 1)."""
     return torch.rsqrt(fp32(x).pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
-def depth_read(values, inv_rms, queries):
-    """R depth reads over the same S sources at once, one per row of `queries`.
+def source(x):
+    """A depth source as the reads use it: (x in float32, 1/rms(x)). The key of a source is
+    RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query (DepthRead), a source's
+    keys cost one (B, T, 1) tensor, computed once per forward, never a normalised copy of x.
+    Sources are float32, like the residual stream of the standard mode under autocast."""
+    x = fp32(x)
+    return x, inverse_rms(x)
 
-        logit[r, s] = queries[r] . RMSNorm(values[s])        (keys = normalised values; no 1/sqrt(d))
+
+def n_sources(l, S):
+    """Sources of the read before 0-indexed sublayer l: the embedding, the l // S finished blocks, and
+    the partial unless l opens a block. For l = L (the final read, after the last block is closed)
+    the same count is 1 + ceil(L / S): the embedding and every block."""
+    return 1 + l // S + (l % S != 0)
+
+
+def source_labels(l, S, L):
+    """Names of those sources, for people: emb, b1, b2, ..., and p for the partial."""
+    finished = l // S + (l == L and L % S != 0)
+    return ['emb'] + [f'b{n}' for n in range(1, finished + 1)] + (['p'] if l < L and l % S else [])
+
+
+def depth_read(sources, queries):
+    """R depth reads over the same sources at once, one per row of `queries`.
+
+        logit[r, s] = queries[r] . RMSNorm(x_s)        (keys are the normalised sources; no 1/sqrt(d))
         alpha[r]    = softmax over s of logit[r]
-        h[r]        = sum_s alpha[r, s] * values[s]           (values are mixed raw)
+        h[r]        = sum_s alpha[r, s] * x_s           (values are the raw sources)
 
-    values:  list of S tensors (B, T, d), float32
-    inv_rms: list of S tensors (B, T, 1), inverse_rms() of each value
-    queries: (R, d) pseudo-queries with the key-norm gain folded in (w * gain), so that
-             w . (gain * x / rms(x)) = ((w * gain) . x) / rms(x)
+    sources: list of S pairs (x_s (B, T, d) float32, 1/rms(x_s) (B, T, 1)), see source()
+    queries: (R, d) pseudo-queries with the key-norm gain folded in: w . (g * x / rms(x)) = ((w * g) . x) / rms(x)
     returns h (R, B, T, d) and alpha (R, B, T, S), both float32.
     """
+    x0 = sources[0][0]
     # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
     # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
     # Each logit is an elementwise product and a sum, not a matmul: on GPUs with allow_tf32 a matmul
     # would round its float32 inputs to TF32's 10-bit mantissa. The read is memory-bound, so this
     # costs about the same (under torch.compile the product and the sum fuse into one kernel).
-    with torch.autocast(device_type=values[0].device.type, enabled=False):
-        q = queries.to(values[0].dtype)                                                   # (R, d)
-        logits = torch.stack([torch.stack([(v * w).sum(-1) for w in q], -1) * r          # (B, T, R)
-                              for v, r in zip(values, inv_rms)], -1)                      # (B, T, R, S)
-        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                         # (R, B, T, S)
+    with torch.autocast(device_type=x0.device.type, enabled=False):
+        q = queries.to(x0.dtype)                                                          # (R, d)
+        logits = torch.stack([torch.stack([(x * w).sum(-1) for w in q], -1) * inv_rms     # (B, T, R)
+                              for x, inv_rms in sources], -1)                             # (B, T, R, S)
+        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                                # (R, B, T, S)
         # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
-        h = sum(alpha[..., s:s + 1] * v for s, v in enumerate(values))            # (R, B, T, d)
+        h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))              # (R, B, T, d)
     return h, alpha
+
+
+class DepthRead(nn.Module):
+    """One read point: the read before a sublayer (or the final one). It owns one pseudo-query per
+    distinct query name of its routes, all zero at init (the paper: no volatility early on; every read
+    starts as the uniform average of its sources), and the gain of its key RMSNorm (ones), which it
+    folds into the queries. Both routes of a two-route read share the sources and the key norm."""
+
+    def __init__(self, d, sublayer, layer, routes, frozen=()):
+        super().__init__()
+        self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: query name}
+        for name in dict.fromkeys(routes.values()):
+            if name in frozen:
+                self.register_buffer(name, torch.zeros(d))   # not learned: this route stays uniform
+            else:
+                setattr(self, name, nn.Parameter(torch.zeros(d)))
+        self.key_gain = nn.Parameter(torch.ones(d))
+
+    def forward(self, sources, log=None):
+        """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it."""
+        queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
+        h, alpha = depth_read(sources, queries)
+        if log is not None:
+            for r, route in enumerate(self.routes):
+                log.append(summarise_read(self.sublayer, self.layer, route, alpha[r]))
+        return h
+
+
+@torch.no_grad()
+def summarise_read(sublayer, layer, route, alpha):
+    """One route's depth distribution (B, T, S): its mean over tokens and its mean per-token entropy."""
+    alpha = alpha.float()
+    token_entropy = -(alpha * alpha.clamp_min(1e-30).log()).sum(-1).mean()
+    return dict(sublayer=sublayer, layer=layer, route=route, alpha=alpha.mean(dim=(0, 1)), token_entropy=token_entropy)
 
 
 # -----------------------------------------------------------------------------
 
 class Block(nn.Module):
-    """One transformer block = two sublayers (attention, then MLP), each with its own pre-norm.
-    In the depth-routed modes each sublayer also owns the pseudo-query and key norm of the read
-    that builds its input. All pseudo-queries start at zero: every read starts as a uniform average."""
+    """One transformer block = two sublayers (attention, then MLP), each with its own pre-norm. In the
+    depth-routed modes each sublayer also has the read point that builds its input."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer):
         super().__init__()
         d, mode = config.n_embd, config.residual
         self.residual = mode
@@ -176,47 +249,25 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         if mode == 'standard':
             return
-        self.attn_query = nn.Parameter(torch.zeros(d))   # w_qk: the (shared) route of queries and keys
-        self.attn_key_norm = RMSNorm(d)
-        self.mlp_query = nn.Parameter(torch.zeros(d))
-        self.mlp_key_norm = RMSNorm(d)
-        if mode == 'rd_attnres':
-            self.value_query = nn.Parameter(torch.zeros(d))             # w_v: the new value route
-        elif mode == 'ctrl_fixed_v':
-            self.register_buffer('value_query', torch.zeros(d))         # frozen at zero: V reads uniformly
-        elif mode == 'ctrl_params':
-            self.attn_input_gain = nn.Parameter(torch.ones(d))          # the extra vector, spent as a gain
-        elif mode == 'ctrl_mix':
-            self.mix_query = nn.Parameter(torch.zeros(d))               # a second Q/K/V route, averaged in
+        self.attn_read = DepthRead(d, 2 * layer, layer, ATTENTION_ROUTES[mode],
+                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else ())
+        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'})
+        if mode == 'ctrl_params':
+            self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector, spent as a gain
 
-    def attn_input(self, values, inv_rms):
-        """Build the attention sublayer's two inputs (for Q/K and for V) from the depth sources.
-        Returns x_qk, x_v (each (B, T, d), pre-normed) and alpha (R, B, T, S) for the diagnostics."""
-        gain = self.attn_key_norm.weight  # one key RMSNorm per read point, shared by both routes
-        if self.residual in ('rd_attnres', 'ctrl_fixed_v'):
-            # RD-AttnRes: two routes over the same sources and keys; both logits in one matmul
-            queries = torch.stack([self.attn_query, self.value_query]) * gain
-        elif self.residual == 'ctrl_dup':
-            # the read executed twice with the same pseudo-query: rd_attnres's cost, attnres's function
-            queries = torch.stack([self.attn_query, self.attn_query]) * gain
-        elif self.residual == 'ctrl_mix':
-            # two learned reads, averaged into the one input of Q, K and V: rd_attnres's parameters and
-            # cost, a richer (possibly bimodal) depth mixture, but the roles stay coupled
-            queries = torch.stack([self.attn_query, self.mix_query]) * gain
-        else:
-            queries = (self.attn_query * gain)[None]      # attnres, ctrl_params: one route for Q, K and V
-        h, alpha = depth_read(values, inv_rms, queries)    # (R, B, T, d)
-        if self.residual == 'ctrl_mix':
-            h = 0.5 * (h[0] + h[1])[None]                  # = one read with alpha = (alpha_1 + alpha_2) / 2
+    def attn_inputs(self, sources, log=None):
+        """The attention sublayer's two inputs: x_qk feeds queries and keys, x_v feeds values."""
+        h = self.attn_read(sources, log)                   # one row per route
         if self.residual == 'ctrl_params':
             h = h * self.attn_input_gain
+        if self.residual == 'ctrl_mix':
+            h = 0.5 * (h[0] + h[1])[None]                  # = one read with alpha = (alpha_qk + alpha_mix) / 2
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
-        return x[0], x[-1], alpha                          # with one route, Q/K and V read the same x
+        return x[0], x[-1]                                 # one route: Q, K and V read the same x
 
-    def mlp_input(self, values, inv_rms):
-        """The MLP sublayer's input: one read with its own pseudo-query (unchanged by RD-AttnRes)."""
-        h, alpha = depth_read(values, inv_rms, (self.mlp_query * self.mlp_key_norm.weight)[None])
-        return self.norm_mlp(h[0]), alpha
+    def mlp_input(self, sources, log=None):
+        """The MLP sublayer's input: one read of its own (unchanged by RD-AttnRes)."""
+        return self.norm_mlp(self.mlp_read(sources, log)[0])
 
 
 class GPT(nn.Module):
@@ -226,20 +277,19 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)]),
             ln_f=RMSNorm(config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        if config.residual != 'standard':
-            self.final_query = nn.Parameter(torch.zeros(config.n_embd))  # the read after the last sublayer
-            self.final_key_norm = RMSNorm(config.n_embd)
+        if config.residual != 'standard':  # the read after the last sublayer, into the final norm and head
+            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'})
         cos, sin = rotary_tables(config.block_size, config.n_embd // config.n_head)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
-        # Paired init (SPEC §3): only Linear and Embedding weights draw random numbers, in module order,
-        # and every mode has the same ones in the same order; the extra vectors of a mode are zeros or
-        # ones, so they never shift the random stream and shared weights are bit-identical across modes.
+        # Paired init: only Linear and Embedding weights draw random numbers, in module order, and every
+        # mode has the same ones in the same order; the extra vectors of a mode are zeros or ones, so
+        # they never shift the random stream and shared weights are bit-identical across modes.
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):  # outputs written into the residual: scaled by depth (GPT-2)
@@ -277,53 +327,30 @@ class GPT(nn.Module):
         return logits, loss
 
     def forward_depth_routed(self, embedding):
-        """SPEC §1.2. The sources are *increments*, not running sums:
-            b_0 = the token embedding (a source of its own, never added into a block),
-            b_n = the sum of the outputs of the sublayers of block n (S consecutive sublayers),
-            p   = the partial: the outputs of the current block so far (a source once non-empty).
-        Sublayer l reads [b_0 .. b_{n-1}] (+ p); after the last sublayer one final read over all
-        finished blocks feeds the final norm and the LM head."""
+        """Every sublayer reads its input from the sources instead of a running sum.
+        Sources are *increments*: the embedding, then one per finished AttnRes block (the sum of its
+        sublayers' outputs, the embedding never added in), plus the partial of the current block."""
         S = self.config.attnres_block_size
-        values = [fp32(embedding)]                   # finished sources, kept in float32 like a residual
-        inv_rms = [inverse_rms(values[0])]           # their keys' normalisers, computed once each
-        partial = partial_inv_rms = None
-        self.routing = []
+        log = [] if self.record_routing else None
+        blocks = [source(embedding)]    # finished sources: b_0 = the embedding, then b_1, b_2, ...
+        partial = None                  # the current block's outputs so far, as a source; None when empty
         for layer, block in enumerate(self.transformer.h):
-            for kind in ('attn', 'mlp'):
-                sublayer = 2 * layer + (kind == 'mlp')
-                if sublayer % S == 0 and partial is not None:   # a new block opens: p is now b_n
-                    values.append(partial)
-                    inv_rms.append(partial_inv_rms)
-                    partial = None
-                sources = values if partial is None else values + [partial]
-                source_inv_rms = inv_rms if partial is None else inv_rms + [partial_inv_rms]
+            for l, kind in ((2 * layer, 'attn'), (2 * layer + 1, 'mlp')):   # l: the sublayer's number
+                sources = blocks if partial is None else blocks + [partial]
                 if kind == 'attn':
-                    x_qk, x_v, alpha = block.attn_input(sources, source_inv_rms)
+                    x_qk, x_v = block.attn_inputs(sources, log)
                     out = block.attn(x_qk, x_v, self.rope_cos, self.rope_sin)
                 else:
-                    x, alpha = block.mlp_input(sources, source_inv_rms)
-                    out = block.mlp(x)
-                if self.record_routing:
-                    routes = (('qk', 'mix') if self.config.residual == 'ctrl_mix' else ('qk', 'v')) \
-                        if alpha.size(0) == 2 else ('qk',) if kind == 'attn' else ('mlp',)
-                    for r, route in enumerate(routes):
-                        self._record(sublayer, layer, route, alpha[r])
-                partial = fp32(out) if partial is None else partial + fp32(out)
-                partial_inv_rms = inverse_rms(partial)
-        values.append(partial)
-        inv_rms.append(partial_inv_rms)
-        h, alpha = depth_read(values, inv_rms, (self.final_query * self.final_key_norm.weight)[None])
-        if self.record_routing:
-            self._record(2 * self.config.n_layer, self.config.n_layer, 'final', alpha[0])
-        return h[0]
-
-    @torch.no_grad()
-    def _record(self, sublayer, layer, route, alpha):
-        # alpha: (B, T, S) depth distribution of every token; keep its mean and its mean entropy
-        alpha = alpha.float()
-        token_entropy = -(alpha * alpha.clamp_min(1e-30).log()).sum(-1).mean()
-        self.routing.append(dict(sublayer=sublayer, layer=layer, route=route,
-                                 alpha=alpha.mean(dim=(0, 1)), token_entropy=token_entropy))
+                    out = block.mlp(block.mlp_input(sources, log))
+                partial = source(out if partial is None else partial[0] + fp32(out))
+                if (l + 1) % S == 0:    # the AttnRes block's S-th sublayer: its partial is now finished
+                    blocks.append(partial)
+                    partial = None
+        if partial is not None:         # the last block may be shorter than S
+            blocks.append(partial)
+        h = self.final_read(blocks, log)[0]
+        self.routing = log or []
+        return h
 
     # ---- training and inference helpers (the nanoGPT surface) ----------------------------------
 
@@ -338,12 +365,8 @@ class GPT(nn.Module):
     def read_points(self):
         """(sublayer, routes, sources) of every depth read of one forward pass, in order;
         sublayer 2*n_layer is the final read. Empty for the standard residual."""
-        if self.config.residual == 'standard':
-            return []
-        S, L = self.config.attnres_block_size, 2 * self.config.n_layer
-        two = self.config.residual in TWO_ROUTE_MODES
-        points = [(l, 2 if (two and l % 2 == 0) else 1, 1 + l // S + (l % S != 0)) for l in range(L)]
-        return points + [(L, 1, 1 + math.ceil(L / S))]
+        S = self.config.attnres_block_size
+        return [(m.sublayer, len(m.routes), n_sources(m.sublayer, S)) for m in self.modules() if isinstance(m, DepthRead)]
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs (forward + backward = 3x forward) per token, depth reads included."""
@@ -390,7 +413,7 @@ def detect_peak_flops(device):
 
 
 # -----------------------------------------------------------------------------
-# Routing diagnostics (SPEC §1.5): numbers from the depth distributions of one forward pass
+# Routing diagnostics: numbers from the depth distributions of one forward pass
 
 def entropy(p):
     """Entropy in nats of a distribution over depth sources."""

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from common import atomic_write_text
+
 MAGIC, VERSION = 20261130, 1
 HEADER_INTS = 16
 HEADER_BYTES = HEADER_INTS * 8
@@ -125,12 +127,6 @@ class TokenWriter:
         self.f.close()
         if os.path.exists(self.tmp):
             os.remove(self.tmp)
-
-
-def write_json(path, obj):
-    with open(path + '.tmp', 'w') as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + '.tmp', path)
 
 
 # -----------------------------------------------------------------------------
@@ -390,7 +386,7 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
     summary = dict(meta or {}, data_id=data_id, train_tokens=train.n, val_tokens=val.n, **stats,
                    seconds=round(seconds, 2), tokens_per_second=round((train.n + val.n) / max(seconds, 1e-9)),
                    bytes=2 * (train.n + val.n) + 2 * HEADER_BYTES, eot=EOT, tokenizer='gpt2')
-    write_json(os.path.join(out_dir, 'meta.json'), summary)
+    atomic_write_text(os.path.join(out_dir, 'meta.json'), json.dumps(summary, indent=2))
     return summary
 
 

@@ -12,7 +12,7 @@ import torch
 
 from common import MODEL_KEYS, load_checkpoint, resolve_device
 from configurator import configure
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, source_labels
 from prepare import InputError, gpt2_encoding
 
 DEFAULTS = dict(
@@ -26,13 +26,6 @@ DEFAULTS = dict(
     device='auto',
     show_routing=False,       # print each read point's depth distribution over the prompt
 )
-
-
-def source_names(sublayer, n_sources, S):
-    """Labels of a read's sources: the embedding, finished blocks b1.., and the partial p."""
-    finished = n_sources - (1 if sublayer % S else 0)
-    names = ['emb'] + [f'b{i}' for i in range(1, finished)]
-    return names + (['p'] if len(names) < n_sources else [])
 
 
 ROUTES = {'qk': "the input of queries and keys (the one route of attnres)", 'v': "the input of values (RD-AttnRes)",
@@ -49,9 +42,7 @@ def print_routing(model):
     for r in model.routing:
         alpha = r['alpha'].tolist()
         kind = 'final' if r['sublayer'] == L else 'attn' if r['sublayer'] % 2 == 0 else 'mlp'
-        names = source_names(r['sublayer'], len(alpha), S) if kind != 'final' else \
-            ['emb'] + [f'b{i}' for i in range(1, len(alpha))]
-        cells = ' '.join(f"{n}:{a * 100:3.0f}%" for n, a in zip(names, alpha))
+        cells = ' '.join(f"{n}:{a * 100:3.0f}%" for n, a in zip(source_labels(r['sublayer'], S, L), alpha))
         print(f"sublayer {r['sublayer']:2d} {kind:5s} {r['route']:5s} | {cells}")
 
 

@@ -1,5 +1,5 @@
 """
-The paired study at CPU scale (README: "Results at CPU scale"): SPEC §3's protocol shrunk to a
+The paired study at CPU scale (README: "Results at CPU scale"): the paired protocol (README: "Training") shrunk to a
 2-core machine, on real English text that ships in Debian packages.
 
     apt-get install python3.11-doc bible-kjv       # the corpus: Python's reST docs + the King James Bible
@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-from common import read_log
+from common import atomic_write_text, read_log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -84,10 +84,7 @@ def corpus():
     bible = kjv_chapters()
     os.makedirs(os.path.join(HERE, 'data', 'study_src'), exist_ok=True)
     path = os.path.join(HERE, 'data', 'study_src', 'corpus.jsonl')
-    with open(path + '.tmp', 'w') as f:
-        for text in docs + bible:
-            f.write(json.dumps({'text': text}) + '\n')
-    os.replace(path + '.tmp', path)
+    atomic_write_text(path, ''.join(json.dumps({'text': text}) + '\n' for text in docs + bible))
     print(f"{path}: {len(docs)} Python documentation pages + {len(bible)} Bible chapters")
     subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input', path, '--name', 'study',
                     '--val_fraction', '0.05', '--data_dir', os.path.join(HERE, 'data')], check=True)

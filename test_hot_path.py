@@ -49,11 +49,11 @@ def reference_step_windows(step, n_windows, windows_per_step, seed):
 
 
 def test_cached_order_is_the_same_order_and_built_once_per_epoch():
-    train.window_order.cache_clear()
+    common.window_order.cache_clear()
     n, per_step = 1000, 64                                   # 15.6 steps per epoch: steps straddle epochs
     for step in range(40):
-        assert train.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
-    assert train.window_order.cache_info().misses == 3       # epochs 0, 1 and 2, each built once
+        assert common.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
+    assert common.window_order.cache_info().misses == 3       # epochs 0, 1 and 2, each built once
 
 
 def test_committed_study_logs_still_match_their_data_order():
@@ -65,8 +65,8 @@ def test_committed_study_logs_still_match_their_data_order():
         rows = [r for r in common.read_log(os.path.join(HERE, path, 'log.jsonl')) if 'data_hash' in r]
         assert len(rows) >= 10
         for r in rows:   # logged after step r['step'] - 1 was trained
-            windows = train.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
-            assert train.windows_hash(windows) == r['data_hash'], (path, r['step'])
+            windows = common.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
+            assert common.windows_hash(windows) == r['data_hash'], (path, r['step'])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class RecordOps(TorchFunctionMode):
 def test_depth_read_uses_no_matmul():
     values = [torch.randn(2, 3, 8) for _ in range(3)]
     with RecordOps() as ops:
-        model_module.depth_read(values, [model_module.inverse_rms(v) for v in values], torch.randn(2, 8))
+        model_module.depth_read([model_module.source(v) for v in values], torch.randn(2, 8))
     assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm'} & set(ops.names)
 
 

@@ -5,7 +5,7 @@ Tests of model.py, one group per concept (a course can hand them out one group a
   2. equal at init         every control and rd_attnres start as attnres
   3. parameter delta       one model-width vector per attention sublayer
   4. paired init           shared parameters are bit-identical across all modes for one seed
-  5. reference             an independent, literal implementation of SPEC §1.2 agrees with the model
+  5. reference             an independent, literal implementation of the AttnRes equations agrees with the model
   6. causality             no logit depends on a later token
   7. learning              loss at init ~ ln(vocab); every mode overfits one batch
   8. routing diagnostics   distributions, source counts, the frozen value route of ctrl_fixed_v
@@ -22,8 +22,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, inverse_rms, js_divergence,
-                   mean_depth, routing_summary)
+from model import (GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, js_divergence, mean_depth, n_sources,
+                   routing_summary, source, source_labels)
 
 VOCAB = 97
 QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'mix_query')
@@ -43,7 +43,7 @@ def perturb(model, seed=1, scale=1.0):
         for name, p in model.named_parameters():
             if name.split('.')[-1] in QUERY_NAMES:
                 p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            elif 'key_norm' in name or 'input_gain' in name:
+            elif 'key_gain' in name or 'input_gain' in name:
                 p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return model
 
@@ -70,7 +70,7 @@ def assert_same_function(a, b, idx, targets, tol=1e-12):
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Tie recovery (SPEC §1.3, property 1)
+# 1. Tie recovery (README: "The three modes", rd_attnres)
 
 @pytest.mark.parametrize('S', [1, 2, 3])
 def test_tied_value_route_recovers_attnres(S):
@@ -79,7 +79,7 @@ def test_tied_value_route_recovers_attnres(S):
     rd = make('rd_attnres', S)
     copy_shared(parent, rd)
     for block in rd.transformer.h:       # tie: the value route *is* the Q/K route (one tensor)
-        block.value_query = block.attn_query
+        block.attn_read.value_query = block.attn_read.attn_query
     loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
     loss_p.backward()
     loss_rd.backward()
@@ -96,11 +96,12 @@ def test_value_route_equal_to_qk_route_splits_the_gradient():
     copy_shared(parent, rd)
     with torch.no_grad():
         for block in rd.transformer.h:
-            block.value_query.copy_(block.attn_query)
+            block.attn_read.value_query.copy_(block.attn_read.attn_query)
     loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
     loss_p.backward()
     loss_rd.backward()
     for layer, (bp, br) in enumerate(zip(parent.transformer.h, rd.transformer.h)):
+        bp, br = bp.attn_read, br.attn_read
         torch.testing.assert_close(bp.attn_query.grad, br.attn_query.grad + br.value_query.grad,
                                    rtol=1e-10, atol=1e-12)
         assert layer == 0 or br.value_query.grad.abs().max() > 0  # layer 0 reads one source only
@@ -115,7 +116,7 @@ def test_untied_value_route_changes_the_function():
     perturb(rd, seed=7)
     with torch.no_grad():
         for bp, br in zip(parent.transformer.h, rd.transformer.h):
-            br.attn_query.copy_(bp.attn_query)
+            br.attn_read.attn_query.copy_(bp.attn_read.attn_query)
     assert (parent(idx, targets)[1] - rd(idx, targets)[1]).abs() > 1e-6
 
 
@@ -144,7 +145,7 @@ def test_ctrl_mix_with_tied_queries_is_attnres(S):
     mix = make('ctrl_mix', S)
     copy_shared(parent, mix)
     for block in mix.transformer.h:
-        block.mix_query = block.attn_query
+        block.attn_read.mix_query = block.attn_read.attn_query
     loss_p, loss_m = assert_same_function(parent, mix, idx, targets)
     loss_p.backward()
     loss_m.backward()
@@ -161,7 +162,7 @@ def test_ctrl_mix_untied_is_another_function_with_coupled_roles():
     perturb(mix, seed=7)
     with torch.no_grad():
         for bp, bm in zip(parent.transformer.h, mix.transformer.h):
-            bm.attn_query.copy_(bp.attn_query)
+            bm.attn_read.attn_query.copy_(bp.attn_read.attn_query)
     assert (parent(idx, targets)[1] - mix(idx, targets)[1]).abs() > 1e-6
     # coupled: Q, K and V read one input, the average of the two reads (the literal reference checks it)
     torch.testing.assert_close(mix(idx, targets)[0], reference_forward(mix, idx), rtol=1e-10, atol=1e-10)
@@ -198,7 +199,7 @@ def test_fixed_value_query_is_a_buffer_not_a_parameter():
     model = make('ctrl_fixed_v')
     names = dict(model.named_parameters())
     assert not any(n.endswith('value_query') for n in names)
-    assert all(torch.equal(b.value_query, torch.zeros(16, dtype=b.value_query.dtype))
+    assert all(torch.equal(b.attn_read.value_query, torch.zeros(16, dtype=b.attn_read.value_query.dtype))
                for b in model.transformer.h)
 
 
@@ -228,16 +229,16 @@ def test_shared_parameters_are_bit_identical_across_modes():
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. An independent reference: SPEC §1.2 applied literally, keeping every source in a list
+# 5. An independent reference: the AttnRes equations applied literally, keeping every source in a list
 
 def reference_forward(model, idx):
     cfg = model.config
     S, mode = cfg.attnres_block_size, cfg.residual
     cos, sin = model.rope_cos, model.rope_sin
 
-    def read(query, key_norm, sources):
+    def read(query, read_point, sources):
         V = torch.stack(sources)                                   # (n, B, T, d)
-        K = key_norm(V)                                            # RMSNorm of every source
+        K = F.rms_norm(V, (V.size(-1),), read_point.key_gain, 1e-6)   # RMSNorm of every source, with its gain
         alpha = torch.einsum('d,nbtd->nbt', query, K).softmax(0)   # softmax over sources
         return torch.einsum('nbt,nbtd->btd', alpha, V)
 
@@ -250,16 +251,17 @@ def reference_forward(model, idx):
             outputs = []
         sources = blocks + ([sum(outputs)] if outputs else [])
         if kind == 'attn':
-            h_qk = read(block.attn_query, block.attn_key_norm, sources)
-            h_v = read(block.value_query, block.attn_key_norm, sources) if mode == 'rd_attnres' else h_qk
+            at = block.attn_read
+            h_qk = read(at.attn_query, at, sources)
+            h_v = read(at.value_query, at, sources) if mode == 'rd_attnres' else h_qk
             if mode == 'ctrl_mix':   # two reads averaged, one input for Q, K and V
-                h_qk = h_v = 0.5 * (h_qk + read(block.mix_query, block.attn_key_norm, sources))
+                h_qk = h_v = 0.5 * (h_qk + read(at.mix_query, at, sources))
             out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
         else:
-            out = block.mlp(block.norm_mlp(read(block.mlp_query, block.mlp_key_norm, sources)))
+            out = block.mlp(block.norm_mlp(read(block.mlp_read.mlp_query, block.mlp_read, sources)))
         outputs.append(out)
     blocks.append(sum(outputs))
-    h = read(model.final_query, model.final_key_norm, blocks)
+    h = read(model.final_read.final_query, model.final_read, blocks)
     return model.lm_head(model.transformer.ln_f(h))
 
 
@@ -332,7 +334,14 @@ def test_every_mode_overfits_one_batch(mode):
 
 def expected_sources(l, S):
     # embedding + finished blocks before sublayer l, + the partial unless l opens a block
-    return 1 + l // S + (0 if l % S == 0 else 1)
+    return n_sources(l, S)
+
+
+def test_source_counts_and_labels_by_hand():
+    # S = 3, L = 8: blocks {0,1,2} {3,4,5} {6,7}
+    assert [n_sources(l, 3) for l in range(9)] == [1, 2, 2, 2, 3, 3, 3, 4, 4]
+    assert source_labels(4, 3, 8) == ['emb', 'b1', 'p'] and source_labels(3, 3, 8) == ['emb', 'b1']
+    assert source_labels(8, 3, 8) == ['emb', 'b1', 'b2', 'b3'] and source_labels(6, 2, 6) == ['emb', 'b1', 'b2', 'b3']
 
 
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
@@ -364,7 +373,7 @@ def test_depth_read_is_a_per_token_softmax_mixture():
     g = torch.Generator().manual_seed(0)
     values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
     queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    h, alpha = depth_read(values, [inverse_rms(v) for v in values], queries)
+    h, alpha = depth_read([source(v) for v in values], queries)
     assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3)
     torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64))
     # token (0, 3), route 1, by hand
@@ -441,7 +450,7 @@ def test_every_parameter_gets_a_gradient_at_init():
     model(*batch())[1].backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert missing == []
-    assert model.transformer.h[1].value_query.grad.abs().max() > 0
+    assert model.transformer.h[1].attn_read.value_query.grad.abs().max() > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +482,7 @@ def test_reads_stay_float32_under_bf16_autocast():
     model.record_routing = True
     with torch.autocast('cpu', dtype=torch.bfloat16):
         values = [torch.randn(2, 4, 16) for _ in range(3)]
-        h, alpha = depth_read(values, [inverse_rms(v) for v in values], torch.randn(2, 16))
+        h, alpha = depth_read([source(v) for v in values], torch.randn(2, 16))
         logits, loss = model(*batch())
     assert h.dtype == alpha.dtype == torch.float32
     assert all(r['alpha'].dtype == torch.float32 for r in model.routing)
@@ -516,4 +525,4 @@ def test_compiled_model_matches_eager():
     logits, loss = compiled(idx, targets)
     loss.backward()
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
-    assert model.transformer.h[2].value_query.grad.abs().max() > 0
+    assert model.transformer.h[2].attn_read.value_query.grad.abs().max() > 0

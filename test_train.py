@@ -13,6 +13,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 import torch
 
+import common
 import prepare
 import train
 from common import load_checkpoint, save_checkpoint
@@ -115,10 +116,10 @@ def test_paper_configs_follow_the_recipe():
 
 def test_data_order_is_a_seeded_permutation_of_whole_windows():
     n, per_step = 50, 8
-    seen = [w for s in range(7) for w in train.step_windows(s, n, per_step, seed=3)]  # 56 = one epoch and a bit
+    seen = [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]  # 56 = one epoch and a bit
     assert sorted(seen[:n]) == list(range(n))             # each window once per epoch
-    assert seen == [w for s in range(7) for w in train.step_windows(s, n, per_step, seed=3)]
-    assert seen != [w for s in range(7) for w in train.step_windows(s, n, per_step, seed=4)]
+    assert seen == [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]
+    assert seen != [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=4)]
     assert seen[n:] != seen[:6]                           # the next epoch is another permutation
 
 

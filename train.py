@@ -15,8 +15,6 @@ between log steps (the divergence guard keeps its flags on the device), the data
 per epoch, and every compiled call sees one static shape.
 """
 
-import functools
-import hashlib
 import json
 import math
 import os
@@ -26,12 +24,13 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, load_checkpoint, read_log,
-                    resolve_device, resolve_dtype, save_checkpoint, tune_cpu_allocator)
+from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, get_windows, load_checkpoint, read_log,
+                    resolve_device, resolve_dtype, save_checkpoint, step_windows, tune_cpu_allocator, windows_hash)
 from configurator import configure
 from model import GPT, GPTConfig, detect_peak_flops, routing_summary
 from prepare import read_dataset
@@ -93,40 +92,6 @@ MAX_SKIPPED_STEPS = 20
 
 # -----------------------------------------------------------------------------
 # Data: one global, seed-keyed order of windows; a fixed validation set
-
-@functools.lru_cache(maxsize=2)  # a step spans at most two epochs: each permutation is built once
-def window_order(n_windows, seed, epoch):
-    """The permutation of training windows for one pass over the data, keyed by (seed, epoch)."""
-    order = np.random.default_rng([seed, epoch]).permutation(n_windows)
-    order.flags.writeable = False  # shared by every step of the epoch
-    return order
-
-
-def step_windows(step, n_windows, windows_per_step, seed):
-    """Indices of the windows that optimizer step `step` trains on, in order (all ranks together)."""
-    first = step * windows_per_step
-    out = []
-    while len(out) < windows_per_step:
-        epoch, offset = divmod(first + len(out), n_windows)
-        out.extend(window_order(n_windows, seed, epoch)[offset:offset + windows_per_step - len(out)].tolist())
-    return out
-
-
-def windows_hash(windows):
-    """A short fingerprint of a step's windows, logged so that anyone can check that two arms were paired."""
-    return hashlib.sha1(np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:12]
-
-
-def get_windows(data, windows, block_size):
-    """(x, y) int64 tensors for window indices: window i is tokens [i*T, i*T + T + 1). Index -1 is a
-    padding row (x = 0, y = -1: cross_entropy's ignore_index, so it is never scored)."""
-    rows = np.full((len(windows), block_size + 1), -1, dtype=np.int64)
-    for r, i in enumerate(windows):
-        if i >= 0:
-            rows[r] = data[i * block_size:i * block_size + block_size + 1]
-    rows = torch.from_numpy(rows)
-    return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
-
 
 def eval_batches(n_eval, rank, world, batch_size):
     """This rank's validation windows (rank, rank + world, ...) in whole batches of batch_size. Every
@@ -192,10 +157,13 @@ def batch_arithmetic(cfg, world, master):
          f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
 
 
+RUN_FILES = ('ckpt.pt', 'log.jsonl', 'config.json')
+
+
 def existing_run(out_dir):
     """What a previous run left in out_dir (empty if nothing)."""
     found = []
-    for name in ('ckpt.pt', 'log.jsonl', 'config.json'):
+    for name in RUN_FILES:
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             found.append(f"{name} ({os.path.getsize(path):,} bytes)")
@@ -217,98 +185,204 @@ def check_resumable(saved, cfg, ckpt_path):
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     cfg['out_dir'] = cfg['out_dir'].format(**cfg)
-    ddp = int(os.environ.get('RANK', -1)) != -1
+    procs = start_processes(cfg)
     try:
-        train(cfg, ddp)
+        train(cfg, procs)
     finally:
         # also on an error: a rank that leaves without this makes the others hang until NCCL times out
-        if ddp and torch.distributed.is_initialized():
+        if procs.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 
-def train(cfg, ddp):
-    # ---- processes and devices ----
-    if ddp:
-        rank, local_rank, world = int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-    else:
-        rank, local_rank, world = 0, 0, 1
-    master = rank == 0
-    dev = resolve_device(cfg['device'])
-    if ddp and dev.startswith('cuda'):
-        dev = f'cuda:{local_rank}'
-        torch.cuda.set_device(dev)
-    device_type = 'cuda' if dev.startswith('cuda') else dev
+@dataclass
+class Processes:
+    """Who this process is (under torchrun, or alone) and the device it drives."""
+    ddp: bool
+    rank: int
+    world: int
+    device: str        # 'cpu', 'cuda:3', 'mps'
+    device_type: str   # 'cpu', 'cuda', 'mps'
+
+    @property
+    def master(self):  # rank 0 prints, logs and saves
+        return self.rank == 0
+
+
+def start_processes(cfg):
+    ddp = int(os.environ.get('RANK', -1)) != -1  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+    rank, local_rank, world = ((int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))
+                               if ddp else (0, 0, 1))
+    device = resolve_device(cfg['device'])
+    if ddp and device.startswith('cuda'):
+        device = f'cuda:{local_rank}'        # one GPU per process
+        torch.cuda.set_device(device)
+    device_type = 'cuda' if device.startswith('cuda') else device
     if ddp:
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    if device_type == 'cpu' and cfg['cpu_malloc_tuning']:
-        tune_cpu_allocator()
-    dt_name, ptdtype = resolve_dtype(cfg['dtype'], device_type)
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
-    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.depth_read)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    T, B = cfg['block_size'], cfg['batch_size']
-    grad_accum, windows_per_step = batch_arithmetic(cfg, world, master)
+    return Processes(ddp, rank, world, device, device_type)
 
-    # ---- data ----
+
+def open_data(cfg, procs, windows_per_step):
+    """The prepared bins (one build), the number of training windows, the validation windows."""
+    T = cfg['block_size']
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])
     n_windows = (len(train_data) - 1) // T
     if n_windows < windows_per_step:
         fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
-             "prepare more data or lower total_batch_size", master)
+             "prepare more data or lower total_batch_size", procs.master)
     n_eval = (len(val_data) - 1) // T
     if cfg['eval_tokens']:
         n_eval = min(n_eval, cfg['eval_tokens'] // T)
     if n_eval < 1:
-        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}", master)
+        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}", procs.master)
+    return train_data, val_data, n_windows, n_eval
 
-    # ---- the run directory: never replace a run by mistake ----
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    log_path = os.path.join(cfg['out_dir'], 'log.jsonl')
+
+def claim_out_dir(cfg, master):
+    """A scratch run never replaces a run by mistake: it needs an empty out_dir or --overwrite=True."""
     if cfg['init_from'] not in ('scratch', 'resume'):
         fail(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}", master)
-    if cfg['init_from'] == 'scratch' and not cfg['eval_only'] and existing_run(cfg['out_dir']):
-        if not cfg['overwrite']:
-            fail(f"{cfg['out_dir']} already holds a run: {', '.join(existing_run(cfg['out_dir']))}. "
-                 "To continue it: --init_from=resume. To start a new run: another --out_dir. "
-                 "To replace it: --overwrite=True.", master)
-        if master:
-            for name in ('ckpt.pt', 'log.jsonl', 'config.json'):
-                if os.path.exists(os.path.join(cfg['out_dir'], name)):
-                    os.remove(os.path.join(cfg['out_dir'], name))
+    found = existing_run(cfg['out_dir'])
+    if cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
+        return
+    if not cfg['overwrite']:
+        fail(f"{cfg['out_dir']} already holds a run: {', '.join(found)}. To continue it: --init_from=resume. "
+             "To start a new run: another --out_dir. To replace it: --overwrite=True.", master)
+    if master:
+        for name in RUN_FILES:
+            if os.path.exists(os.path.join(cfg['out_dir'], name)):
+                os.remove(os.path.join(cfg['out_dir'], name))
+
+
+def resume(cfg, model, optimizer, scaler, master):
+    """Restore model, optimizer, scaler and RNG states from out_dir/ckpt.pt (checksum verified).
+    Returns (step, best validation loss, the checkpoint's configuration)."""
+    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+    if not os.path.exists(ckpt_path):
+        fail(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'", master)
+    ckpt = load_checkpoint(ckpt_path)
+    saved = dict(ckpt['config'])
+    saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved['max_iters']  # (older runs kept 0)
+    if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
+        cfg['lr_decay_iters'] = saved['lr_decay_iters']
+    check_resumable(saved, cfg, ckpt_path)
+    model.load_state_dict(ckpt['model'])
+    optimizer.load_state_dict(ckpt['optimizer'])
+    scaler.load_state_dict(ckpt['scaler'])
+    torch.set_rng_state(ckpt['rng']['torch'])
+    np.random.set_state(ckpt['rng']['numpy'])
+    random.setstate(ckpt['rng']['python'])
+    return ckpt['step'], ckpt['best_val_loss'], saved
+
+
+@torch.no_grad()
+def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, procs, ctx):
+    """Mean NLL over the fixed validation windows (ranks split them, the sums are reduced) and, on
+    rank 0, the routing diagnostics of the windows routing_windows. The sums stay on the device: one
+    read-back at the end, not one per batch."""
+    T, dev = cfg['block_size'], procs.device
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
+    for windows in val_batches:
+        x, y = get_windows(val_data, windows, T)
+        x, y = x.to(dev), y.to(dev)
+        with ctx:
+            _, loss = model(x, y)            # the mean over the scored tokens (padding has y = -1)
+        n = (y != -1).sum().double()
+        total += torch.stack([torch.where(n > 0, loss.double() * n, 0.0), n])
+    if procs.ddp:
+        torch.distributed.all_reduce(total)
+    routing = None
+    if cfg['log_routing'] and procs.master and cfg['residual'] != 'standard':
+        x, y = get_windows(val_data, routing_windows, T)
+        raw_model.record_routing = True    # the plain module: recording is Python work, kept out of the graph
+        with ctx:
+            raw_model(x.to(dev), y.to(dev))
+        raw_model.record_routing = False
+        routing = dict(summary=routing_summary(raw_model.routing),
+                       alpha=[dict(sublayer=r['sublayer'], layer=r['layer'], route=r['route'],
+                                   alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in raw_model.routing])
+    model.train()
+    return (total[0] / total[1]).item(), routing
+
+
+def train_step(step, model, raw_model, optimizer, scaler, data, mine, cfg, procs, ctx, first_nonfinite):
+    """One optimizer step on this rank's windows `mine` (grad_accum micro-batches of batch_size).
+    Returns the mean training loss and the gradient norm, both still on the device."""
+    T, B = cfg['block_size'], cfg['batch_size']
+    grad_accum = len(mine) // B
+    loss_sum = torch.zeros((), device=procs.device)
+    for micro in range(grad_accum):
+        x, y = get_windows(data, mine[micro * B:(micro + 1) * B], T)
+        if procs.device_type == 'cuda':   # pinned memory: the copy runs while the GPU works
+            x, y = x.pin_memory(), y.pin_memory()
+        x, y = x.to(procs.device, non_blocking=True), y.to(procs.device, non_blocking=True)
+        if procs.ddp:
+            # all-reduce the gradients once per step, on the last micro-step, not after each one
+            model.require_backward_grad_sync = micro == grad_accum - 1
+        with ctx:
+            _, loss = model(x, y)
+            # each micro-batch's loss is a mean over its tokens; dividing by grad_accum makes the summed
+            # gradients those of the mean over the whole step
+            loss = loss / grad_accum
+        loss_sum += loss.detach()
+        scaler.scale(loss).backward()     # float16: scaled up so that small gradients do not underflow
+    scaler.unscale_(optimizer)            # (these scaler calls do nothing unless float16)
+    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'] or float('inf'))
+    # the divergence guard, on the device: the first step whose loss / gradient norm was non-finite.
+    # (With float16 a non-finite norm is the scaler's business: it skips the step.)
+    bad = torch.stack([~torch.isfinite(loss_sum), ~torch.isfinite(norm) & (not scaler.is_enabled())])
+    first_nonfinite.copy_(torch.where(bad & (first_nonfinite < 0), step, first_nonfinite))
+    if scaler.is_enabled():
+        scaler.step(optimizer)            # skipped if the gradients overflowed
+        scaler.update()                   # ... and then the scale is halved
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, norm
+
+
+def stop_if_diverged(first_nonfinite, now, cfg, procs):
+    """Read the divergence flags back (one sync) and stop if a loss or gradient norm was non-finite."""
+    if procs.ddp:  # the ranks agree (a loss can go non-finite on one rank first)
+        torch.distributed.all_reduce(first_nonfinite, op=torch.distributed.ReduceOp.MAX)
+    loss_step, norm_step = first_nonfinite.tolist()
+    if loss_step >= 0 or norm_step >= 0:
+        fail(divergence_message(loss_step, norm_step, now, os.path.join(cfg['out_dir'], 'ckpt.pt')), procs.master)
+
+
+def train(cfg, procs):
+    master = procs.master
+    if procs.device_type == 'cpu' and cfg['cpu_malloc_tuning']:
+        tune_cpu_allocator()
+    dt_name, ptdtype = resolve_dtype(cfg['dtype'], procs.device_type)
+    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=procs.device_type, dtype=ptdtype)
+    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.depth_read)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    T, B = cfg['block_size'], cfg['batch_size']
+    grad_accum, windows_per_step = batch_arithmetic(cfg, procs.world, master)
+    train_data, val_data, n_windows, n_eval = open_data(cfg, procs, windows_per_step)
+    claim_out_dir(cfg, master)
+    ckpt_path, log_path = (os.path.join(cfg['out_dir'], name) for name in ('ckpt.pt', 'log.jsonl'))
 
     # ---- model, optimizer, state ----
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
-    model = GPT(GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})).to(dev)
+    model = GPT(GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})).to(procs.device)
     optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
-                                           (cfg['beta1'], cfg['beta2']), device_type)
-    scaler = torch.amp.GradScaler(device_type, init_scale=cfg['fp16_init_scale'],
+                                           (cfg['beta1'], cfg['beta2']), procs.device_type)
+    scaler = torch.amp.GradScaler(procs.device_type, init_scale=cfg['fp16_init_scale'],
                                   enabled=(ptdtype == torch.float16))
-    step, best_val = 0, float('inf')
+    step, best_val, saved = 0, float('inf'), {}
     if cfg['init_from'] == 'resume':
-        if not os.path.exists(ckpt_path):
-            fail(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'", master)
-        ckpt = load_checkpoint(ckpt_path)
-        saved = dict(ckpt['config'])
-        saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved['max_iters']  # (older runs kept 0)
-        if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
-            cfg['lr_decay_iters'] = saved['lr_decay_iters']
-        check_resumable(saved, cfg, ckpt_path)
-        model.load_state_dict(ckpt['model'])
-        optimizer.load_state_dict(ckpt['optimizer'])
-        scaler.load_state_dict(ckpt['scaler'])
-        step, best_val = ckpt['step'], ckpt['best_val_loss']
-        torch.set_rng_state(ckpt['rng']['torch'])
-        np.random.set_state(ckpt['rng']['numpy'])
-        random.setstate(ckpt['rng']['python'])
-        del ckpt
+        step, best_val, saved = resume(cfg, model, optimizer, scaler, master)
     # the schedule's length is fixed now and frozen for the rest of the run (a resume keeps it)
     cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or cfg['max_iters']
     if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
         fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
              f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
              "want, add --train_past_schedule=True.", master)
-    if cfg['init_from'] == 'resume' and master and not cfg['eval_only'] and os.path.exists(log_path):
+    if saved and master and not cfg['eval_only'] and os.path.exists(log_path):
         # forget what was logged after the checkpoint (and a line torn by a crash): it is trained again
         rows = [r for r in read_log(log_path) if r['step'] <= step]
         atomic_write_text(log_path, ''.join(json_line(r) for r in rows))
@@ -319,147 +393,83 @@ def train(cfg, ddp):
         # so a shape change would be a visible recompile, never a silent switch to a slower dynamic graph
         model = torch.compile(model, dynamic=False)
     eval_model = model                  # compiled if asked, without the DDP wrapper
-    if ddp:
+    if procs.ddp:
         # broadcast_buffers=False: the only buffers are the constant rotary tables, no need to resend
         # them every step; gradient_as_bucket_view: gradients live in DDP's buckets, no extra copy
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[local_rank] if device_type == 'cuda' else None,
+            model, device_ids=[torch.device(procs.device)] if procs.device_type == 'cuda' else None,
             broadcast_buffers=False, gradient_as_bucket_view=True)
-    peak = cfg['peak_flops'] or detect_peak_flops(dev)
-    val_batches = eval_batches(n_eval, rank, world, cfg['eval_batch_size'])
+    peak = cfg['peak_flops'] or detect_peak_flops(procs.device)
+    val_batches = eval_batches(n_eval, procs.rank, procs.world, cfg['eval_batch_size'])
+    routing_windows = list(range(min(cfg['eval_batch_size'], n_eval)))  # the first validation batch
 
     # (before config.json is written: the tracked run's id goes into it, so that a resume finds it)
-    tracker = start_wandb(cfg, saved if cfg['init_from'] == 'resume' else {}) \
-        if master and cfg['wandb_log'] and not cfg['eval_only'] else None
+    tracker = start_wandb(cfg, saved) if master and cfg['wandb_log'] and not cfg['eval_only'] else None
     if master and not cfg['eval_only']:
         os.makedirs(cfg['out_dir'], exist_ok=True)
-        meta = dict(cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=world,
-                    grad_accum=grad_accum, device_name=torch.cuda.get_device_name(dev) if device_type == 'cuda' else dev,
-                    dtype_resolved=dt_name, n_params=raw_model.get_num_params(), train_tokens=len(train_data),
-                    eval_windows=n_eval)
+        meta = dict(cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=procs.world,
+                    grad_accum=grad_accum, dtype_resolved=dt_name, n_params=raw_model.get_num_params(),
+                    device_name=torch.cuda.get_device_name(procs.device) if procs.device_type == 'cuda' else procs.device,
+                    train_tokens=len(train_data), eval_windows=n_eval)
         atomic_write_text(os.path.join(cfg['out_dir'], 'config.json'), json.dumps(meta, indent=2) + '\n')
     if master:
-        print_run_summary(cfg, raw_model, grad_accum, world, dev, dt_name, len(train_data), n_eval, step)
+        print_run_summary(cfg, raw_model, grad_accum, procs, dt_name, len(train_data), n_eval, step)
 
-    def log(row):
+    def log(row):  # rank 0 appends to log.jsonl (and sends to the tracker)
         if master:
             with open(log_path, 'a') as f:
                 f.write(json_line(row))
             if tracker is not None:
                 tracker.log(wandb_row(row), step=row['step'])
 
-    @torch.no_grad()
-    def evaluate():
-        """Mean NLL over the fixed validation windows; ranks split them and the sums are reduced.
-        The sums stay on the device: one read-back at the end, not one per batch."""
-        model.eval()
-        total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
-        for windows in val_batches:
-            x, y = get_windows(val_data, windows, T)
-            x, y = x.to(dev), y.to(dev)
-            with ctx:
-                _, loss = eval_model(x, y)   # mean over the scored tokens (padding has y = -1)
-            n = (y != -1).sum().double()
-            total += torch.stack([torch.where(n > 0, loss.double() * n, 0.0), n])
-        if ddp:
-            torch.distributed.all_reduce(total)
-        routing = None
-        if cfg['log_routing'] and master and cfg['residual'] != 'standard':
-            x, y = get_windows(val_data, list(range(min(cfg['eval_batch_size'], n_eval))), T)
-            raw_model.record_routing = True
-            with ctx:
-                raw_model(x.to(dev), y.to(dev))
-            raw_model.record_routing = False
-            routing = dict(summary=routing_summary(raw_model.routing),
-                           alpha=[dict(sublayer=r['sublayer'], layer=r['layer'], route=r['route'],
-                                       alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in raw_model.routing])
-        model.train()
-        return (total[0] / total[1]).item(), routing
+    def evaluate_log_save():
+        """Evaluate at `step`, log it, and checkpoint (after checking that nothing has diverged)."""
+        val_loss, routing = evaluate(eval_model, raw_model, val_data, val_batches, routing_windows, cfg, procs, ctx)
+        if not math.isfinite(val_loss):
+            fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving, so the "
+                 f"last good checkpoint ({ckpt_path}, if any) is kept", master)
+        if master:
+            print(f"step {step}: val loss {val_loss:.4f}", flush=True)
+        log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing))
+        if step > 0 and (cfg['always_save_checkpoint'] or step == cfg['max_iters']):
+            stop_if_diverged(first_nonfinite, step, cfg, procs)
+            if master:
+                save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                                     scaler=scaler.state_dict(), step=step, best_val_loss=min(best_val, val_loss),
+                                     config=cfg, rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+                                                          python=random.getstate())), ckpt_path)
+        return val_loss
 
     if cfg['eval_only']:  # evaluate what there is (the checkpoint, or the initialisation), log, exit
-        val_loss, routing = evaluate()
+        val_loss, routing = evaluate(eval_model, raw_model, val_data, val_batches, routing_windows, cfg, procs, ctx)
         if master:
             print(f"step {step}: val loss {val_loss:.4f} (eval_only: nothing trained or saved)")
-            if cfg['init_from'] == 'resume':
-                log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing,
-                         eval_only=True))
+        if saved:
+            log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing,
+                     eval_only=True))
         return
 
     # The divergence guard without a host sync: each step folds "was the loss / the gradient norm
-    # non-finite" into these device flags (first step it happened, -1 = never), which are read back
+    # non-finite" into these device flags (the first step it happened, -1 = never), which are read back
     # only at log steps and before a checkpoint is written. A diverged run therefore goes on for at
-    # most log_interval - 1 steps (or until the next eval) and then stops, and a checkpoint is never
-    # written after a non-finite step.
-    first_nonfinite = torch.full((2,), -1, dtype=torch.int64, device=dev)  # (loss, gradient norm)
-
-    def stop_if_diverged(now):
-        if ddp:  # the ranks agree (a loss can go non-finite on one rank first)
-            torch.distributed.all_reduce(first_nonfinite, op=torch.distributed.ReduceOp.MAX)
-        loss_step, norm_step = first_nonfinite.tolist()
-        if loss_step >= 0 or norm_step >= 0:
-            fail(divergence_message(loss_step, norm_step, now, ckpt_path), master)
-
-    def save():
-        stop_if_diverged(step)
-        if master:
-            save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                                 scaler=scaler.state_dict(), step=step, best_val_loss=best_val, config=cfg,
-                                 rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
-                                          python=random.getstate())), ckpt_path)
-
-    # ---- the loop ----
-    start_step = step
-    t_last, t_last_step = time.time(), step
+    # most log_interval - 1 steps and then stops, and a checkpoint is never written after a non-finite step.
+    first_nonfinite = torch.full((2,), -1, dtype=torch.int64, device=procs.device)  # (loss, gradient norm)
+    if step == 0:                        # the curves start at the untrained model
+        best_val = evaluate_log_save()
+    start_step, t_last, t_last_step = step, time.time(), step
     skipped_in_a_row = skipped_since_log = 0
-    while True:
-        # evaluate (and checkpoint) every eval_interval steps; a resumed run's step was evaluated before the save
-        if (step % cfg['eval_interval'] == 0 or step == cfg['max_iters']) and not (step == start_step > 0):
-            val_loss, routing = evaluate()
-            if not math.isfinite(val_loss):
-                fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving, so the "
-                     f"last good checkpoint ({ckpt_path}, if any) is kept", master)
-            best_val = min(best_val, val_loss)
-            if master:
-                print(f"step {step}: val loss {val_loss:.4f}", flush=True)
-            log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing))
-            if step > 0 and (cfg['always_save_checkpoint'] or step == cfg['max_iters']):
-                save()
-            t_last, t_last_step = time.time(), step   # the evaluation's time is not training time
-        if step >= cfg['max_iters']:
-            break
-
+    while step < cfg['max_iters']:
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        windows = step_windows(step, n_windows, windows_per_step, cfg['seed'])
-        mine = windows[rank * grad_accum * B:(rank + 1) * grad_accum * B]  # this rank's share of the step
-        loss_sum = torch.zeros((), device=dev)
-        for micro in range(grad_accum):
-            x, y = get_windows(train_data, mine[micro * B:(micro + 1) * B], T)
-            if device_type == 'cuda':  # pinned memory: the copy runs while the GPU works
-                x, y = x.pin_memory(), y.pin_memory()
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            if ddp:
-                # gradients are all-reduced once per step, on the last micro-step, not after each one
-                model.require_backward_grad_sync = micro == grad_accum - 1
-            with ctx:
-                _, loss = model(x, y)
-                # each micro-batch's loss is a mean over its tokens; dividing by grad_accum makes the
-                # summed gradients those of the mean over the whole step
-                loss = loss / grad_accum
-            loss_sum += loss.detach()
-            scaler.scale(loss).backward()  # float16: scaled up so that small gradients do not underflow
-        scaler.unscale_(optimizer)         # (no-ops unless float16)
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'] or float('inf'))
-        # (with float16 a non-finite norm is the scaler's business: it skips the step, below)
-        bad = torch.stack([~torch.isfinite(loss_sum), ~torch.isfinite(norm) & (not scaler.is_enabled())])
-        first_nonfinite.copy_(torch.where(bad & (first_nonfinite < 0), step, first_nonfinite))  # on the device
+        windows = step_windows(step, n_windows, windows_per_step, cfg['seed'])    # the whole step, all ranks
+        mine = windows[procs.rank * grad_accum * B:(procs.rank + 1) * grad_accum * B]   # this rank's share
+        scale = scaler.get_scale() if scaler.is_enabled() else None
+        loss_sum, norm = train_step(step, model, raw_model, optimizer, scaler, train_data, mine, cfg, procs, ctx,
+                                    first_nonfinite)
         if scaler.is_enabled():
-            # float16: the scaler skips a step whose gradients overflowed and halves its scale. Its own
-            # check already reads the device, so comparing the scales costs no extra wait.
-            scale = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
+            # float16: a step whose scaled gradients overflowed was skipped (the scale went down). The
+            # scaler's own check already read the device, so comparing the scales costs no extra wait.
             skipped = scaler.get_scale() < scale
             skipped_in_a_row = skipped_in_a_row + 1 if skipped else 0
             skipped_since_log += skipped
@@ -467,36 +477,35 @@ def train(cfg, ddp):
                 fail(f"float16: {skipped_in_a_row} steps in a row had non-finite gradients and were skipped "
                      f"(loss scale now {scaler.get_scale():g}), up to step {step}: the run has diverged. Stopped "
                      f"without saving; the last good checkpoint ({ckpt_path}, if any) is kept.", master)
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
-            stop_if_diverged(step)
-            if ddp:
+            stop_if_diverged(first_nonfinite, step, cfg, procs)
+            if procs.ddp:
                 torch.distributed.all_reduce(loss_sum)
-            train_loss = loss_sum.item() / world  # .item() also waits for the device, so dt below is real
+            train_loss = loss_sum.item() / procs.world  # .item() waits for the device, so dt below is real
             now = time.time()
             dt = (now - t_last) / (step - t_last_step)
             first_interval = t_last_step == start_step  # includes torch.compile's compilation: no MFU
             t_last, t_last_step = now, step
             tok_s = cfg['total_batch_size'] / dt
-            mfu = raw_model.estimate_mfu(cfg['total_batch_size'] // world, dt, peak, T) \
+            mfu = raw_model.estimate_mfu(cfg['total_batch_size'] // procs.world, dt, peak, T) \
                 if peak and not first_interval else None
             norm_value = norm.item()
             if master:
-                eta = (cfg['max_iters'] - step) * dt
                 print(f"step {step:5d} | loss {train_loss:.4f} | lr {lr:.2e} | norm {norm_value:.3f} | "
                       f"dt {dt * 1000:.0f}ms | tok/s {tok_s:,.0f} | mfu {'-' if mfu is None else f'{100 * mfu:.1f}%'}"
                       + (f" | skipped {skipped_since_log}" if scaler.is_enabled() else '')
-                      + f" | eta {format_duration(eta)}", flush=True)
+                      + f" | eta {format_duration((cfg['max_iters'] - step) * dt)}", flush=True)
             log(dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=train_loss, lr=lr,
                      norm=norm_value if math.isfinite(norm_value) else None, dt=dt, tok_per_s=tok_s, mfu=mfu,
                      data_hash=windows_hash(windows),
                      **(dict(skipped_steps=skipped_since_log, loss_scale=scaler.get_scale())
                         if scaler.is_enabled() else {})))
             skipped_since_log = 0
+        if step % cfg['eval_interval'] == 0 or step == cfg['max_iters']:
+            best_val = min(best_val, evaluate_log_save())
+            t_last, t_last_step = time.time(), step   # the evaluation's time is not training time
     if tracker is not None:
         tracker.finish()
 
@@ -542,18 +551,18 @@ def format_duration(seconds):
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def print_run_summary(cfg, model, grad_accum, world, dev, dt_name, train_tokens, n_eval, step):
+def print_run_summary(cfg, model, grad_accum, procs, dt_name, train_tokens, n_eval, step):
     """A few lines that matter; the whole configuration is in out_dir/config.json."""
     T = cfg['block_size']
     print(f"{cfg['residual']} | {cfg['n_layer']} layers x {cfg['n_embd']} ({cfg['n_head']} heads), "
           f"attnres_block_size {cfg['attnres_block_size']}, context {T} | "
           f"{model.get_num_params() / 1e6:.2f}M parameters | seed {cfg['seed']}")
-    print(f"batch: {grad_accum} micro-steps x {world} processes x {cfg['batch_size']} x {T} = "
+    print(f"batch: {grad_accum} micro-steps x {procs.world} processes x {cfg['batch_size']} x {T} = "
           f"{cfg['total_batch_size']:,} tokens per step | {cfg['max_iters']} steps = "
           f"{cfg['max_iters'] * cfg['total_batch_size'] / 1e6:,.1f}M tokens | LR {cfg['learning_rate']:g}, "
           f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
     print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
-          f"{dev}, {dt_name}{', compiled' if cfg['compile'] else ''}")
+          f"{procs.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
     print(f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
           + (f" | resumed at step {step}" if step else ''), flush=True)
 

@@ -1,4 +1,4 @@
-# attnres_120m: the frozen 120m recipe (SPEC §3), identical for every arm of a pair except `residual`.
+# attnres_120m: the frozen 120m recipe (README: "Reproducing the paper"), identical for every arm of a pair except `residual`.
 # 2.0B training tokens: 3815 steps of 2**19 tokens.
 #   torchrun --standalone --nproc_per_node=8 train.py config/attnres_120m.py --seed=1   (seeds 1..5)
 out_dir = 'out/attnres_120m_s{seed}'

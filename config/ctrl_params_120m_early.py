@@ -1,4 +1,4 @@
-# ctrl_params_120m_early: the frozen 120m recipe (SPEC §3), identical for every arm of a pair except `residual`.
+# ctrl_params_120m_early: the frozen 120m recipe (README: "Reproducing the paper"), identical for every arm of a pair except `residual`.
 # Early budget for the controls: 0.5B training tokens, 954 steps of 2**19 tokens (compare each control
 # with attnres_120m_early of the same seed).
 #   torchrun --standalone --nproc_per_node=8 train.py config/ctrl_params_120m_early.py --seed=1   (seeds 1..5)

@@ -1,4 +1,4 @@
-# rd_343m: the frozen 343m recipe (SPEC §3), identical for every arm of a pair except `residual`.
+# rd_343m: the frozen 343m recipe (README: "Reproducing the paper"), identical for every arm of a pair except `residual`.
 # 2.0B training tokens: 3815 steps of 2**19 tokens.
 #   torchrun --standalone --nproc_per_node=8 train.py config/rd_343m.py --seed=1   (seeds 1..5)
 out_dir = 'out/rd_343m_s{seed}'
