@@ -73,16 +73,24 @@ def t_quantile(p, df):
 
 def sign_test_p(wins, n):
     """Exact two-sided sign test: the probability of a split at least this lopsided under a fair coin."""
+    ### BEGIN SOLUTION 5
     k = min(wins, n - wins)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    ### END SOLUTION
+    return p
 
 
 def paired_stats(deltas):
+    """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent), one per seed: mean Δ, its
+    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0)
+    and the exact two-sided sign test."""
     n = len(deltas)
+    ### BEGIN SOLUTION 5
     mean = sum(deltas) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1)) if n > 1 else float('nan')
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float('nan')
     wins = sum(d < 0 for d in deltas)
+    ### END SOLUTION
     return dict(n=n, mean_delta=mean, sd=sd, ci95=[mean - half, mean + half], ppl_reduction_pct=100 * (1 - math.exp(mean)),
                 wins=wins, sign_test_p=sign_test_p(wins, n))
 

@@ -184,6 +184,7 @@ def depth_read(sources, queries):
     returns h (R, B, T, d) and alpha (R, B, T, S), both float32.
     """
     x0 = sources[0][0]
+    ### BEGIN SOLUTION 1
     # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
     # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
     # Each logit is an elementwise product and a sum, not a matmul: on GPUs with allow_tf32 a matmul
@@ -196,6 +197,7 @@ def depth_read(sources, queries):
         alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                                # (R, B, T, S)
         # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
         h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))              # (R, B, T, d)
+    ### END SOLUTION
     return h, alpha
 
 
@@ -217,7 +219,9 @@ class DepthRead(nn.Module):
 
     def forward(self, sources, log=None):
         """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it."""
+        ### BEGIN SOLUTION 3
         queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
+        ### END SOLUTION
         h, alpha = depth_read(sources, queries)
         if log is not None:
             for r, route in enumerate(self.routes):
@@ -262,8 +266,10 @@ class Block(nn.Module):
             h = h * self.attn_input_gain
         if self.residual == 'ctrl_mix':
             h = 0.5 * (h[0] + h[1])[None]                  # = one read with alpha = (alpha_qk + alpha_mix) / 2
+        ### BEGIN SOLUTION 3
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
         return x[0], x[-1]                                 # one route: Q, K and V read the same x
+        ### END SOLUTION
 
     def mlp_input(self, sources, log=None):
         """The MLP sublayer's input: one read of its own (unchanged by RD-AttnRes)."""
@@ -332,6 +338,7 @@ class GPT(nn.Module):
         sublayers' outputs, the embedding never added in), plus the partial of the current block."""
         S = self.config.attnres_block_size
         log = [] if self.record_routing else None
+        ### BEGIN SOLUTION 2
         blocks = [source(embedding)]    # finished sources: b_0 = the embedding, then b_1, b_2, ...
         partial = None                  # the current block's outputs so far, as a source; None when empty
         for layer, block in enumerate(self.transformer.h):
@@ -349,6 +356,7 @@ class GPT(nn.Module):
         if partial is not None:         # the last block may be shorter than S
             blocks.append(partial)
         h = self.final_read(blocks, log)[0]
+        ### END SOLUTION
         self.routing = log or []
         return h
 

@@ -9,8 +9,8 @@ The paired study at CPU scale (README: "Results at CPU scale"): the paired proto
 
 Order of the runs: five seeds x {attnres, rd_attnres} (pairs complete early), then five seeds of
 standard, then the early budget: attnres and the paper's three controls, five seeds each. Then a
-second set on a rebuilt corpus: ctrl_mix and its attnres parents (five seeds), and the noise floor,
-attnres vs ctrl_dup in bf16 and in float32 (three seeds). Every run is a
+second set on a rebuilt corpus: ctrl_mix and its attnres parents (five seeds), then the noise floor:
+attnres vs ctrl_dup in float32 (three seeds; ctrl_dup in bf16 for seed 1). Every run is a
 plain `python train.py config/study_cpu.py --residual=... --seed=...` into study/runs/<budget>/<mode>_s<seed>;
 an interrupted run resumes from its checkpoint. Only config.json and log.jsonl are committed.
 """
@@ -46,8 +46,9 @@ def queue():
     # parents, and the noise floor: attnres vs ctrl_dup in bf16 and in float32. Whole seeds first.
     for seed in SEEDS:
         runs += [('early2', 'attnres', seed), ('early2', 'ctrl_mix', seed)]
-        if seed in NOISE_SEEDS:
-            runs += [('early2', 'ctrl_dup', seed), ('early2_fp32', 'attnres', seed), ('early2_fp32', 'ctrl_dup', seed)]
+    runs.append(('early2', 'ctrl_dup', 1))     # the bf16 reference of the noise floor on this corpus
+    for seed in NOISE_SEEDS:
+        runs += [('early2_fp32', 'attnres', seed), ('early2_fp32', 'ctrl_dup', seed)]
     return runs
 
 

@@ -48,6 +48,7 @@ def study(tmp_path):
     return root
 
 
+@pytest.mark.assignment5
 def test_paired_table_matches_hand_computed_values(study, capsys):
     assert compare.main([os.path.join(study, '*'), '--json', os.path.join(study, 'r.json')]) == 0
     results = {(r['arm'], r['parent']): r for r in json.load(open(os.path.join(study, 'r.json')))}
@@ -67,6 +68,7 @@ def test_paired_table_matches_hand_computed_values(study, capsys):
     assert '| 1 | 3.3000 | 3.2700 | -0.0300 |' in out and '5/5' in out and '2.96%' in out
 
 
+@pytest.mark.assignment5
 def test_statistics_against_known_values():
     assert compare.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
     assert compare.t_quantile(0.975, 9) == pytest.approx(2.2622, abs=1e-4)

@@ -12,10 +12,9 @@ def test_queue_completes_pairs_first_then_standard_then_the_controls():
     assert [m for _, m, _ in q[10:15]] == ['standard'] * 5
     assert {m for b, m, _ in q[15:35]} == {'attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v'}
     assert all(b == 'early' for b, _, _ in q[15:35])
-    assert q[35:40] == [('early2', 'attnres', 1), ('early2', 'ctrl_mix', 1), ('early2', 'ctrl_dup', 1),
-                        ('early2_fp32', 'attnres', 1), ('early2_fp32', 'ctrl_dup', 1)]
-    assert sum(m == 'ctrl_mix' for _, m, _ in q) == 5 and sum(b == 'early2_fp32' for b, _, _ in q) == 6
-    assert len(q) == 35 + 10 + 9 and len(set(q)) == len(q)
+    assert q[35:45] == [('early2', m, s) for s in (1, 2, 3, 4, 5) for m in ('attnres', 'ctrl_mix')]
+    assert q[45:] == [('early2', 'ctrl_dup', 1)] + [('early2_fp32', m, s) for s in (1, 2, 3) for m in ('attnres', 'ctrl_dup')]
+    assert len(q) == 35 + 10 + 7 and len(set(q)) == len(q)
 
 
 def test_restart_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
@@ -40,4 +39,4 @@ def test_restart_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monk
     assert calls[0][3:5] == ['--residual=rd_attnres', '--seed=1'] and calls[0][-1] == '--init_from=resume'
     assert len(calls) == len(study.queue()) - 1
     early = [a for a in calls if f'--max_iters={study.EARLY_ITERS}' in a]
-    assert len(early) == 20 + 19 and sum('--dtype=float32' in a for a in calls) == 6
+    assert len(early) == 20 + 17 and sum('--dtype=float32' in a for a in calls) == 6

@@ -114,6 +114,7 @@ def test_paper_configs_follow_the_recipe():
 # ---------------------------------------------------------------------------------------------
 # Data order and schedule
 
+@pytest.mark.assignment4
 def test_data_order_is_a_seeded_permutation_of_whole_windows():
     n, per_step = 50, 8
     seen = [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]  # 56 = one epoch and a bit

@@ -1,0 +1,148 @@
+"""The course kit's hidden tests (COURSE.md): graded by `python course.py grade N`, never handed out,
+because they hold the answers: a literal implementation of the AttnRes equations, a literal data order,
+and statistics checked on values the public tests do not use. They run with the rest of the suite too.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import compare
+from model import depth_read, source
+from test_model import batch, make, perturb
+
+# the project under test (a student's copy when course.py grades it): its committed study logs
+REPO = os.path.dirname(os.path.abspath(common.__file__))
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignment 1: the depth read, against the equations written out with einsum
+
+@pytest.mark.assignment1
+@pytest.mark.hidden
+def test_depth_read_matches_the_equations():
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(2, 4, 8, generator=g, dtype=torch.float64) * (1 + 3 * s) for s in range(4)]
+    queries = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    h, alpha = depth_read([source(x) for x in xs], queries)
+    V = torch.stack(xs)                                               # (n, B, T, d)
+    K = F.rms_norm(V, (8,), eps=1e-6)                                 # keys: normalised sources
+    logits = torch.einsum('rd,nbtd->rbtn', queries, K)                # no 1/sqrt(d), no temperature
+    expected_alpha = logits.softmax(-1)
+    torch.testing.assert_close(alpha, expected_alpha)
+    torch.testing.assert_close(h, torch.einsum('rbtn,nbtd->rbtd', expected_alpha, V))   # raw values mixed
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignments 2 and 3: the whole model against a literal implementation that keeps every source
+
+def reference_forward(model, idx):
+    cfg = model.config
+    S, mode = cfg.attnres_block_size, cfg.residual
+    cos, sin = model.rope_cos, model.rope_sin
+
+    def read(query, read_point, sources):
+        V = torch.stack(sources)                                   # (n, B, T, d)
+        K = F.rms_norm(V, (V.size(-1),), read_point.key_gain, 1e-6)   # RMSNorm of every source, with its gain
+        alpha = torch.einsum('d,nbtd->nbt', query, K).softmax(0)   # softmax over sources
+        return torch.einsum('nbt,nbtd->btd', alpha, V)
+
+    blocks = [model.transformer.wte(idx)]   # b_0 = embedding
+    outputs = []                            # outputs of the sublayers of the current block
+    sublayers = [(b, kind) for b in model.transformer.h for kind in ('attn', 'mlp')]
+    for l, (block, kind) in enumerate(sublayers):
+        if l % S == 0 and outputs:           # 0-indexed sublayer l opens a new block
+            blocks.append(sum(outputs))
+            outputs = []
+        sources = blocks + ([sum(outputs)] if outputs else [])
+        if kind == 'attn':
+            at = block.attn_read
+            h_qk = read(at.attn_query, at, sources)
+            h_v = read(at.value_query, at, sources) if mode == 'rd_attnres' else h_qk
+            if mode == 'ctrl_mix':   # two reads averaged, one input for Q, K and V
+                h_qk = h_v = 0.5 * (h_qk + read(at.mix_query, at, sources))
+            out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
+        else:
+            out = block.mlp(block.norm_mlp(read(block.mlp_read.mlp_query, block.mlp_read, sources)))
+        outputs.append(out)
+    blocks.append(sum(outputs))
+    h = read(model.final_read.final_query, model.final_read, blocks)
+    return model.lm_head(model.transformer.ln_f(h))
+
+
+
+@pytest.mark.assignment2
+@pytest.mark.hidden
+@pytest.mark.parametrize('S', [1, 2, 3, 6, 50])   # Full AttnRes, even, odd (splits blocks), S = L, S > L
+def test_attnres_matches_literal_reference(S):
+    idx, targets = batch()
+    model = perturb(make('attnres', S))
+    torch.testing.assert_close(model(idx, targets)[0], reference_forward(model, idx), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.assignment3
+@pytest.mark.hidden
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_mix'])
+@pytest.mark.parametrize('S', [1, 3, 4])
+def test_two_route_modes_match_literal_reference(mode, S):
+    idx, targets = batch()
+    model = perturb(make(mode, S))
+    torch.testing.assert_close(model(idx, targets)[0], reference_forward(model, idx), rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignment 4: the data order, exactly
+
+def reference_step_windows(step, n_windows, windows_per_step, seed):
+    """The order as first written: a fresh permutation per epoch, every time it is asked for."""
+    first, out = step * windows_per_step, []
+    while len(out) < windows_per_step:
+        epoch, offset = divmod(first + len(out), n_windows)
+        order = np.random.default_rng([seed, epoch]).permutation(n_windows)
+        out.extend(order[offset:offset + windows_per_step - len(out)].tolist())
+    return out
+
+
+@pytest.mark.assignment4
+@pytest.mark.hidden
+def test_data_order_is_exactly_the_reference_order():
+    n, per_step = 1000, 64                                   # 15.6 steps per epoch: steps straddle epochs
+    for step in range(40):
+        assert common.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
+
+
+@pytest.mark.assignment4
+@pytest.mark.hidden
+def test_committed_study_logs_still_match_their_data_order():
+    # the study's runs logged a fingerprint of every 10th step's windows: the code must still produce them
+    for path in ('study/runs/main/attnres_s1', 'study/runs/early/ctrl_dup_s4'):
+        cfg = json.load(open(os.path.join(REPO, path, 'config.json')))
+        n_windows = (cfg['train_tokens'] - 1) // cfg['block_size']
+        per_step = cfg['total_batch_size'] // cfg['block_size']
+        rows = [r for r in common.read_log(os.path.join(REPO, path, 'log.jsonl')) if 'data_hash' in r]
+        assert len(rows) >= 10
+        for r in rows:   # logged after step r['step'] - 1 was trained
+            windows = common.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
+            assert common.windows_hash(windows) == r['data_hash'], (path, r['step'])
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignment 5: the paired statistics on other values
+
+@pytest.mark.assignment5
+@pytest.mark.hidden
+def test_paired_statistics_on_other_values():
+    r = compare.paired_stats([0.01, -0.03])                  # n = 2: t(0.975, 1) = 12.7062
+    sd = math.sqrt(((0.02) ** 2 + (0.02) ** 2) / 1)
+    assert r['mean_delta'] == pytest.approx(-0.01) and r['sd'] == pytest.approx(sd)
+    assert r['ci95'] == pytest.approx([-0.01 - 12.7062 * sd / math.sqrt(2), -0.01 + 12.7062 * sd / math.sqrt(2)], abs=1e-4)
+    assert (r['wins'], r['n']) == (1, 2) and r['sign_test_p'] == 1.0
+    r = compare.paired_stats([-0.01] * 9 + [0.0])            # a tie is not a win
+    assert r['wins'] == 9 and r['sign_test_p'] == pytest.approx(2 * 11 / 1024)
+    assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.009)))
