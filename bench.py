@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from common import resolve_device, resolve_dtype, tune_cpu_allocator
+from common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 from configurator import configure
-from model import GPT, GPTConfig, RESIDUAL_MODES, detect_peak_flops
+from model import GPT, GPTConfig, RESIDUAL_MODES
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),

@@ -405,21 +405,6 @@ class GPT(nn.Module):
         return idx
 
 
-# dense bf16 peak FLOP/s of known GPUs, for MFU, matched in order against torch.cuda.get_device_name()
-# (the more specific names first: an "H100 PCIe" must not match "H100", which is the SXM part)
-GPU_PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12),
-                  ('H800', 989e12), ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10G', 125e12),
-                  ('L4', 121e12), ('RTX 4090', 165e12), ('RTX 3090', 71e12), ('V100', 125e12))
-
-
-def detect_peak_flops(device):
-    """Peak FLOP/s of a CUDA device from its name; 0 when unknown (CPU, MPS, other GPUs)."""
-    if not str(device).startswith('cuda') or not torch.cuda.is_available():
-        return 0.0
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), 0.0)
-
-
 # -----------------------------------------------------------------------------
 # Routing diagnostics: numbers from the depth distributions of one forward pass
 

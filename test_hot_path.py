@@ -4,14 +4,11 @@ static shape, float16 survives its loss scaler, the depth logits never go throug
 and the small things: MFU, dtype choice, errors under torchrun."""
 
 import functools
-import json
 import os
-import subprocess
 import sys
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
-import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -19,15 +16,9 @@ from torch.overrides import TorchFunctionMode
 import common
 import model as model_module
 import train
-from test_train import HERE, TINY, read_log, run
+from test_train import TINY, read_log, run
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    import prepare
-    root = tmp_path_factory.mktemp('data')
-    prepare.main(['--dataset', 'tiny', '--data_dir', str(root), '--num_proc', '1'])
-    return str(root)
 
 
 def train_here(args, data_dir, out_dir):
@@ -172,7 +163,7 @@ def test_mfu_knows_the_h100_variants_and_skips_the_first_interval(data_dir, tmp_
     for name, flops in [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
                         ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA GeForce GTX 1080', 0.0)]:
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
-        assert model_module.detect_peak_flops('cuda:3') == flops, name
+        assert common.detect_peak_flops('cuda:3') == flops, name
     monkeypatch.undo()
     out = str(tmp_path / 'run')
     run(['--peak_flops=1e12', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=100'], data_dir, out)

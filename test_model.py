@@ -73,21 +73,27 @@ def assert_same_function(a, b, idx, targets, tol=1e-12):
 # ---------------------------------------------------------------------------------------------
 # 1. Tie recovery (README: "The three modes", rd_attnres)
 
+# the second route of each two-route mode with learned queries: rd_attnres's V route, ctrl_mix's mix read
+SECOND_QUERY = {'rd_attnres': 'value_query', 'ctrl_mix': 'mix_query'}
+
+
 @pytest.mark.assignment3
+@pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
 @pytest.mark.parametrize('S', [1, 2, 3])
-def test_tied_value_route_recovers_attnres(S):
+def test_tied_second_route_recovers_attnres(mode, S):
+    # rd_attnres: the value route *is* the Q/K route; ctrl_mix: the average of two equal reads is the read
     idx, targets = batch()
     parent = perturb(make('attnres', S))
-    rd = make('rd_attnres', S)
-    copy_shared(parent, rd)
-    for block in rd.transformer.h:       # tie: the value route *is* the Q/K route (one tensor)
-        block.attn_read.value_query = block.attn_read.attn_query
-    loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
+    model = make(mode, S)
+    copy_shared(parent, model)
+    for block in model.transformer.h:    # tie: one tensor for both routes
+        setattr(block.attn_read, SECOND_QUERY[mode], block.attn_read.attn_query)
+    loss_p, loss_m = assert_same_function(parent, model, idx, targets)
     loss_p.backward()
-    loss_rd.backward()
-    grads_rd = dict(rd.named_parameters())
+    loss_m.backward()
+    grads = dict(model.named_parameters())
     for name, p in parent.named_parameters():
-        torch.testing.assert_close(p.grad, grads_rd[name].grad, rtol=1e-10, atol=1e-12, msg=name)
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
 @pytest.mark.assignment3
@@ -111,17 +117,19 @@ def test_value_route_equal_to_qk_route_splits_the_gradient():
 
 
 @pytest.mark.assignment3
-def test_untied_value_route_changes_the_function():
-    # the converse: a different value route is a different model (otherwise the tests above prove nothing)
+@pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
+def test_untied_second_route_changes_the_function(mode):
+    # the converse: a different second route is a different model (otherwise the tests above prove nothing).
+    # (ctrl_mix stays coupled: Q, K and V read one input, the average of its two reads; test_hidden.py)
     idx, targets = batch()
     parent = perturb(make('attnres'))
-    rd = make('rd_attnres')
-    copy_shared(parent, rd)
-    perturb(rd, seed=7)
+    model = make(mode)
+    copy_shared(parent, model)
+    perturb(model, seed=7)
     with torch.no_grad():
-        for bp, br in zip(parent.transformer.h, rd.transformer.h):
-            br.attn_read.attn_query.copy_(bp.attn_read.attn_query)
-    assert (parent(idx, targets)[1] - rd(idx, targets)[1]).abs() > 1e-6
+        for bp, bm in zip(parent.transformer.h, model.transformer.h):
+            bm.attn_read.attn_query.copy_(bp.attn_read.attn_query)
+    assert (parent(idx, targets)[1] - model(idx, targets)[1]).abs() > 1e-6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,36 +148,6 @@ def test_ctrl_dup_equals_attnres_after_perturbation():
     dup = make('ctrl_dup')
     copy_shared(parent, dup)
     assert_same_function(parent, dup, idx, targets)
-
-
-@pytest.mark.parametrize('S', [1, 2, 3])
-def test_ctrl_mix_with_tied_queries_is_attnres(S):
-    # tying the second read's query to the first: the average of two equal reads is the read itself
-    idx, targets = batch()
-    parent = perturb(make('attnres', S))
-    mix = make('ctrl_mix', S)
-    copy_shared(parent, mix)
-    for block in mix.transformer.h:
-        block.attn_read.mix_query = block.attn_read.attn_query
-    loss_p, loss_m = assert_same_function(parent, mix, idx, targets)
-    loss_p.backward()
-    loss_m.backward()
-    grads = dict(mix.named_parameters())
-    for name, p in parent.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-10, atol=1e-12, msg=name)
-
-
-def test_ctrl_mix_untied_is_another_function_with_coupled_roles():
-    idx, targets = batch()
-    parent = perturb(make('attnres'))
-    mix = make('ctrl_mix')
-    copy_shared(parent, mix)
-    perturb(mix, seed=7)
-    with torch.no_grad():
-        for bp, bm in zip(parent.transformer.h, mix.transformer.h):
-            bm.attn_read.attn_query.copy_(bp.attn_read.attn_query)
-    assert (parent(idx, targets)[1] - mix(idx, targets)[1]).abs() > 1e-6
-    # (coupled: Q, K and V read one input, the average of the two reads: test_hidden.py's literal reference)
 
 
 def test_ctrl_params_gain_changes_the_function():

@@ -22,11 +22,6 @@ from test_prepare import DOCS, write_jsonl
 from test_train import HERE, read_log, run
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp('data')
-    prepare.main(['--dataset', 'tiny', '--data_dir', str(root), '--num_proc', '1'])
-    return str(root)
 
 
 def snapshot(out_dir):

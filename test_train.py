@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import common
-import prepare
 import train
 from common import load_checkpoint, save_checkpoint
 from configurator import configure
@@ -26,11 +25,6 @@ TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--attnres_block_size=2', '-
         '--learning_rate=3e-3', '--device=cpu', '--dataset=tiny']
 
 
-@pytest.fixture(scope='session')
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp('data')
-    prepare.main(['--dataset', 'tiny', '--data_dir', str(root), '--num_proc', '1'])
-    return str(root)
 
 
 def run(args, data_dir, out_dir, expect_ok=True, launcher=(sys.executable,)):

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, get_windows, load_checkpoint, read_log,
-                    resolve_device, resolve_dtype, save_checkpoint, step_windows, tune_cpu_allocator, windows_hash)
+from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, detect_peak_flops, get_windows, load_checkpoint,
+                    read_log, resolve_device, resolve_dtype, save_checkpoint, step_windows, tune_cpu_allocator, windows_hash)
 from configurator import configure
-from model import GPT, GPTConfig, detect_peak_flops, routing_summary
+from model import GPT, GPTConfig, routing_summary
 from prepare import read_dataset
 
 # -----------------------------------------------------------------------------
