@@ -91,7 +91,7 @@ MAX_SKIPPED_STEPS = 20
 
 
 # -----------------------------------------------------------------------------
-# Data: one global, seed-keyed order of windows; a fixed validation set
+# The validation batches and the LR schedule (the training data order is in common.py)
 
 def eval_batches(n_eval, rank, world, batch_size):
     """This rank's validation windows (rank, rank + world, ...) in whole batches of batch_size. Every
