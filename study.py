@@ -116,7 +116,9 @@ def report():
         runs = glob.glob(os.path.join(out, 'runs', budget, '*'))
         if not runs:
             continue
-        argv = runs + ['--json', os.path.join(out, f'results_{budget}.json'), '--plot', os.path.join(out, 'plots')]
+        # the first set's plots sit in study/plots/, the second set's in study/plots/<budget>/ (same run names)
+        plots = os.path.join(out, 'plots', *([] if budget in ('main', 'early') else [budget]))
+        argv = runs + ['--json', os.path.join(out, f'results_{budget}.json'), '--plot', plots]
         print(f"## {budget} budget\n")
         compare.main(argv)
 
