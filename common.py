@@ -30,6 +30,12 @@ FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size
                                  'beta2', 'grad_clip')
 
 
+def schedule_length(cfg):
+    """The LR schedule's length in steps: lr_decay_iters, where 0 means "follow max_iters" (train.py
+    resolves it when a run starts; configs written before it did kept the 0)."""
+    return cfg.get('lr_decay_iters') or cfg['max_iters']
+
+
 # -----------------------------------------------------------------------------
 # The paired data order: one global sequence of training windows, keyed by the seed
 

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-from common import FROZEN_ON_RESUME, atomic_write_text, read_log
+from common import FROZEN_ON_RESUME, atomic_write_text, read_log, schedule_length
 from model import ATTENTION_ROUTES
 
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
@@ -105,8 +105,7 @@ def load_run(path):
         rows = read_log(os.path.join(path, 'log.jsonl'))
     except FileNotFoundError:
         return None
-    # runs written before train.py resolved the schedule kept lr_decay_iters = 0, "follow max_iters"
-    config['lr_decay_iters'] = config.get('lr_decay_iters') or config['max_iters']
+    config['lr_decay_iters'] = schedule_length(config)   # (older runs kept 0, "follow max_iters")
     evals = {r['step']: r for r in rows if 'val_loss' in r and not r.get('eval_only')}
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=evals, hashes=hashes)

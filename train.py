@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, detect_peak_flops, get_windows, load_checkpoint,
-                    read_log, resolve_device, resolve_dtype, save_checkpoint, step_windows, tune_cpu_allocator, windows_hash)
+                    read_log, resolve_device, resolve_dtype, save_checkpoint, schedule_length, step_windows,
+                    tune_cpu_allocator, windows_hash)
 from configurator import configure
 from model import GPT, GPTConfig, routing_summary
 from prepare import read_dataset
@@ -106,7 +107,7 @@ def eval_batches(n_eval, rank, world, batch_size):
 def get_lr(it, cfg):
     """Linear warmup from lr/warmup (non-zero at step 0), then cosine decay to min_lr_ratio * lr over
     lr_decay_iters steps; past the end of the schedule the LR stays at its final value."""
-    lr, decay_iters = cfg['learning_rate'], cfg['lr_decay_iters'] or cfg['max_iters']
+    lr, decay_iters = cfg['learning_rate'], schedule_length(cfg)
     if it < cfg['warmup_iters']:
         return lr * (it + 1) / cfg['warmup_iters']
     progress = min(1.0, (it - cfg['warmup_iters']) / max(1, decay_iters - cfg['warmup_iters']))
@@ -262,7 +263,7 @@ def resume(cfg, model, optimizer, scaler, master):
         fail(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'", master)
     ckpt = load_checkpoint(ckpt_path)
     saved = dict(ckpt['config'])
-    saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved['max_iters']  # (older runs kept 0)
+    saved['lr_decay_iters'] = schedule_length(saved)
     if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
         cfg['lr_decay_iters'] = saved['lr_decay_iters']
     check_resumable(saved, cfg, ckpt_path)
@@ -377,7 +378,7 @@ def train(cfg, procs):
     if cfg['init_from'] == 'resume':
         step, best_val, saved = resume(cfg, model, optimizer, scaler, master)
     # the schedule's length is fixed now and frozen for the rest of the run (a resume keeps it)
-    cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or cfg['max_iters']
+    cfg['lr_decay_iters'] = schedule_length(cfg)
     if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
         fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
              f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
