@@ -7,7 +7,7 @@ A GPT language model with three kinds of residual connection, selected by one fl
                            one for V (Role-Decoupled Attention Residuals)
 
 plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v) and
-ctrl_mix, our control for "two reads are simply a richer input" (README: "Controls"). Everything
+ctrl_heads, our control for "two different reads, whatever the split" (README: "Controls"). Everything
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
@@ -23,7 +23,8 @@ Glossary (README: "The three modes in a few lines of math")
     read      h = sum_s alpha_s * source_s with alpha = softmax_s(w . RMSNorm(source_s)): a learned
               pseudo-query w against RMS-normalised keys, raw values mixed
     route     one softmax of a read, with its own pseudo-query: qk (feeds queries and keys; the only
-              route of attnres), v (feeds values: RD-AttnRes), mix (ctrl_mix), mlp, final
+              route of attnres), v (feeds values: RD-AttnRes), heads1 / heads2 (ctrl_heads: Q, K
+              and V of the first / second half of the heads), mlp, final
 """
 
 import math
@@ -34,16 +35,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
+RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
 # The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses.
+# The first route is always attn_query's, so tying a mode's second query to it gives attnres back.
 # Two routes cost rd_attnres's compute; ctrl_dup's two routes share one query (attnres's function).
+# rd_attnres splits attention's input by role (Q/K from one route, V from the other); ctrl_heads
+# splits it by heads (Q, K and V of heads 1..H/2 from one route, of heads H/2+1..H from the other):
+# two learned reads that feed different things, roles still coupled.
 ATTENTION_ROUTES = {
     'attnres':      {'qk': 'attn_query'},
     'ctrl_params':  {'qk': 'attn_query'},
     'rd_attnres':   {'qk': 'attn_query', 'v': 'value_query'},
     'ctrl_fixed_v': {'qk': 'attn_query', 'v': 'value_query'},   # value_query frozen at zero (a buffer)
     'ctrl_dup':     {'qk': 'attn_query', 'v': 'attn_query'},
-    'ctrl_mix':     {'qk': 'attn_query', 'mix': 'mix_query'},
+    'ctrl_heads':   {'heads1': 'attn_query', 'heads2': 'heads2_query'},
 }
 RMS_EPS = 1e-6
 
@@ -72,6 +77,9 @@ class GPTConfig:
             warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: "
                           "there is a single block, so every read sees only the embedding and the partial "
                           f"(set attnres_block_size <= {2 * self.n_layer}; 1 = Full AttnRes)")
+        if self.residual == 'ctrl_heads' and self.n_head % 2 != 0:
+            raise ValueError(f"residual='ctrl_heads' splits the heads into two halves, one per route: n_head must be "
+                             f"even, got {self.n_head}")
         if (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"head dim n_embd/n_head={self.n_embd // self.n_head} must be even for rotary "
                              "embeddings (they rotate pairs of channels); change n_embd or n_head")
@@ -117,9 +125,24 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x_qk, x_v, cos, sin):
-        B, T, C = x_qk.shape
+        C = x_qk.size(-1)
         q, k = self.c_qk(x_qk).split(C, dim=2)
-        v = self.c_v(x_v)
+        return self.attend(q, k, self.c_v(x_v), cos, sin)
+
+    def forward_by_heads(self, x_1, x_2, cos, sin):
+        """ctrl_heads: x_1 is the input of Q, K and V of the first half of the heads, x_2 of the other
+        half. Row block h*hd:(h+1)*hd of each projection belongs to head h, so each half is projected
+        by its own rows only: no head is computed twice, and the cost is that of forward()."""
+        C = x_1.size(-1)
+        half = C // 2                                              # the rows of heads 1 .. n_head/2
+        w_q, w_k = self.c_qk.weight.split(C)
+        q, k, v = (torch.cat([F.linear(x_1, w[:half]), F.linear(x_2, w[half:])], dim=-1)
+                   for w in (w_q, w_k, self.c_v.weight))
+        return self.attend(q, k, v, cos, sin)
+
+    def attend(self, q, k, v, cos, sin):
+        """Causal attention of projected q, k, v (B, T, C), then the output projection."""
+        B, T, C = q.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         q, k = apply_rotary(q, cos[:T], sin[:T]), apply_rotary(k, cos[:T], sin[:T])
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
@@ -260,15 +283,14 @@ class Block(nn.Module):
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector, spent as a gain
 
     def attn_inputs(self, sources, log=None):
-        """The attention sublayer's two inputs: x_qk feeds queries and keys, x_v feeds values."""
+        """The attention sublayer's two inputs, its first route's and its last route's (the same x when there is
+        one route): x_qk feeds queries and keys and x_v values; in ctrl_heads, the two halves of the heads."""
         h = self.attn_read(sources, log)                   # one row per route
         if self.residual == 'ctrl_params':
             h = h * self.attn_input_gain
-        if self.residual == 'ctrl_mix':
-            h = 0.5 * (h[0] + h[1])[None]                  # = one read with alpha = (alpha_qk + alpha_mix) / 2
         ### BEGIN SOLUTION 3
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
-        return x[0], x[-1]                                 # one route: Q, K and V read the same x
+        return x[0], x[-1]                                 # one route: both inputs are the same x
         ### END SOLUTION
 
     def mlp_input(self, sources, log=None):
@@ -344,7 +366,9 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.transformer.h):
             for l, kind in ((2 * layer, 'attn'), (2 * layer + 1, 'mlp')):   # l: the sublayer's number
                 sources = blocks if partial is None else blocks + [partial]
-                if kind == 'attn':
+                if kind == 'attn' and block.residual == 'ctrl_heads':   # route 1 -> heads 1..H/2, 2 -> the rest
+                    out = block.attn.forward_by_heads(*block.attn_inputs(sources, log), self.rope_cos, self.rope_sin)
+                elif kind == 'attn':                                     # route 1 -> Q, K; the last route -> V
                     x_qk, x_v = block.attn_inputs(sources, log)
                     out = block.attn(x_qk, x_v, self.rope_cos, self.rope_sin)
                 else:
@@ -426,21 +450,22 @@ def js_divergence(p, q):
 
 
 def routing_summary(routing):
-    """Per attention sublayer: QK-vs-V divergence, each route's entropy and mean depth.
-    A mode with one route (attnres, ctrl_params) reads V from the QK route: divergence 0.
-    ctrl_mix's two reads both feed Q, K and V (V = QK route, divergence 0); js_mix is how far apart
-    its two reads are, i.e. how far its input is from a single softmax over depth."""
-    by_key = {(r['layer'], r['route']): r for r in routing}
+    """Per attention sublayer: how far apart its two routes read (JS divergence), each route's entropy
+    and mean depth, keyed by the route names: js_qk_v, entropy_qk, depth_v, ... for the modes that split
+    roles (a one-route mode reads V from its QK route: divergence 0), js_heads1_heads2, entropy_heads1,
+    ... for ctrl_heads."""
+    attn_routes = {}   # layer -> its attention read's routes, in order
+    for r in routing:
+        if r['sublayer'] % 2 == 0 and r['route'] != 'final':
+            attn_routes.setdefault(r['layer'], []).append(r)
     rows = []
-    for (layer, route), qk in sorted(by_key.items()):
-        if route != 'qk':
-            continue
-        v = by_key.get((layer, 'v'), qk)
-        rows.append(dict(layer=layer, js_qk_v=js_divergence(qk['alpha'], v['alpha']),
-                         entropy_qk=entropy(qk['alpha']), entropy_v=entropy(v['alpha']),
-                         token_entropy_qk=float(qk['token_entropy']) + 0.0,   # + 0.0: no -0.0 in logs
-                         token_entropy_v=float(v['token_entropy']) + 0.0,
-                         depth_qk=mean_depth(qk['alpha']), depth_v=mean_depth(v['alpha'])))
-        if (layer, 'mix') in by_key:
-            rows[-1]['js_mix'] = js_divergence(qk['alpha'], by_key[(layer, 'mix')]['alpha'])
+    for layer, routes in sorted(attn_routes.items()):
+        first, second = routes[0], routes[-1] if len(routes) > 1 else dict(routes[0], route='v')
+        a, b = first['route'], second['route']
+        row = {'layer': layer, f'js_{a}_{b}': js_divergence(first['alpha'], second['alpha'])}
+        for name, r in ((a, first), (b, second)):
+            row.update({f'entropy_{name}': entropy(r['alpha']),
+                        f'token_entropy_{name}': float(r['token_entropy']) + 0.0,   # + 0.0: no -0.0 in logs
+                        f'depth_{name}': mean_depth(r['alpha'])})
+        rows.append(row)
     return rows

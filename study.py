@@ -31,7 +31,7 @@ EARLY_ITERS = 100   # the early budget of the controls (the main budget is confi
 NOISE_SEEDS = [1, 2, 3]
 # budget folder -> the arguments it adds to config/study_cpu.py
 BUDGETS = {'main': [], 'early': [f'--max_iters={EARLY_ITERS}'], 'early2': [f'--max_iters={EARLY_ITERS}'],
-           'early2_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32']}
+           'early2_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32'], 'main_fp32': ['--dtype=float32']}
 PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
 
 
@@ -47,8 +47,13 @@ def queue():
     for seed in SEEDS:
         runs += [('early2', 'attnres', seed), ('early2', 'ctrl_mix', seed)]
     runs.append(('early2', 'ctrl_dup', 1))     # the bf16 reference of the noise floor on this corpus
-    for seed in NOISE_SEEDS:
+    for seed in NOISE_SEEDS[:2]:
         runs += [('early2_fp32', 'attnres', seed), ('early2_fp32', 'ctrl_dup', seed)]
+    # Third set (README: "The third set"): float32 at the main budget, whole seeds first, so that an
+    # interrupted study still has complete triples; then the third seed of the float32 noise floor.
+    for seed in SEEDS:
+        runs += [('main_fp32', mode, seed) for mode in ('attnres', 'rd_attnres', 'ctrl_heads')]
+    runs += [('early2_fp32', 'attnres', NOISE_SEEDS[2]), ('early2_fp32', 'ctrl_dup', NOISE_SEEDS[2])]
     return runs
 
 
