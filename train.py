@@ -20,6 +20,7 @@ import math
 import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ eval_tokens = 10_485_760    # validation: the first eval_tokens of val.bin (0 = 
 eval_batch_size = 16
 eval_only = False           # evaluate (the checkpoint, with init_from='resume'), log, exit
 always_save_checkpoint = True
-init_from = 'scratch'       # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'       # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'auto' (whichever fits out_dir)
 overwrite = False           # allow a scratch run to replace the run already in out_dir
 log_routing = True          # depth distributions of the first validation batch at every eval
 wandb_log = False           # also send what log.jsonl gets to Weights & Biases (rank 0; `pip install wandb`)
@@ -89,6 +90,11 @@ DEFAULTS = {k: v for k, v in dict(globals()).items()
 # float16: a step whose scaled gradients overflow is skipped by the GradScaler, which then halves the
 # scale. That is normal now and then; this many skipped steps in a row means the run has diverged.
 MAX_SKIPPED_STEPS = 20
+# Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
+# workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
+# checkpoint there; the process then exits with this code (sysexits.h's EX_TEMPFAIL: "try again").
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EXIT_STOPPED = 75
 
 
 # -----------------------------------------------------------------------------
@@ -171,14 +177,21 @@ def existing_run(out_dir):
     return found
 
 
+def frozen_diff(saved, cfg):
+    """{key: (saved value, value now)} for the keys that decide the model, the data or the schedule."""
+    return {k: (saved.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME if k in saved and saved.get(k) != cfg.get(k)}
+
+
+def describe_diff(diff, then, now):
+    return ', '.join(f"{k}: {then} {a!r} vs {now} {b!r}" for k, (a, b) in diff.items())
+
+
 def check_resumable(saved, cfg, ckpt_path):
     """Refuse to resume a checkpoint whose model, data or schedule differs from this configuration."""
-    diff = {k: (saved.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME
-            if k in saved and saved.get(k) != cfg.get(k)}
+    diff = frozen_diff(saved, cfg)
     if diff:
-        lines = ', '.join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
         raise SystemExit(f"cannot resume {ckpt_path}: it was trained with another configuration "
-                         f"({lines}). Use the checkpoint's values or another out_dir.")
+                         f"({describe_diff(diff, 'checkpoint', 'now')}). Use the checkpoint's values or another out_dir.")
 
 
 # -----------------------------------------------------------------------------
@@ -188,11 +201,18 @@ def main(argv):
     cfg['out_dir'] = cfg['out_dir'].format(**cfg)
     procs = start_processes(cfg)
     try:
-        train(cfg, procs)
+        code = train(cfg, procs)
+        if procs.ddp:
+            # Every rank leaves together. Rank 0 may still be writing the last checkpoint when the others
+            # finish; a rank that tears its process group down while a peer still uses it can abort
+            # (gloo: "terminate called without an active exception", SIGABRT), and torchrun then reports
+            # a finished run as failed.
+            torch.distributed.barrier()
     finally:
         # also on an error: a rank that leaves without this makes the others hang until NCCL times out
         if procs.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    return code
 
 
 @dataclass
@@ -240,19 +260,45 @@ def open_data(cfg, procs, windows_per_step):
 
 
 def claim_out_dir(cfg, master):
-    """A scratch run never replaces a run by mistake: it needs an empty out_dir or --overwrite=True."""
-    if cfg['init_from'] not in ('scratch', 'resume'):
-        fail(f"init_from must be 'scratch' or 'resume', got {cfg['init_from']!r}", master)
-    found = existing_run(cfg['out_dir'])
-    if cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
+    """How this run starts in out_dir; init_from is resolved to 'scratch' or 'resume'.
+    scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
+    resume:  needs out_dir/ckpt.pt (checked in resume()).
+    auto:    resume when there is a checkpoint (a different run is refused there), start from scratch when
+             out_dir holds no run, and start again from scratch when it holds only the beginning of this
+             same run, killed before its first checkpoint (nothing trained is lost)."""
+    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
+        fail(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}", master)
+    out_dir, found = cfg['out_dir'], existing_run(cfg['out_dir'])
+    if cfg['init_from'] == 'auto':
+        cfg['init_from'] = 'resume' if os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else 'scratch'
+        if cfg['init_from'] == 'resume' or not found or cfg['eval_only']:
+            return
+        started = read_run_config(out_dir)
+        diff = frozen_diff(started or {}, dict(cfg, lr_decay_iters=schedule_length(cfg)))
+        if started is None or diff:
+            what = (f"a run with another configuration ({describe_diff(diff, 'that run', 'now')})" if diff
+                    else f"files of a run without a readable config.json: {', '.join(found)}")
+            fail(f"{out_dir} holds {what}. Use another out_dir, or --init_from=scratch --overwrite=True to "
+                 "replace it.", master)
+    elif cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
         return
-    if not cfg['overwrite']:
-        fail(f"{cfg['out_dir']} already holds a run: {', '.join(found)}. To continue it: --init_from=resume. "
-             "To start a new run: another --out_dir. To replace it: --overwrite=True.", master)
+    elif not cfg['overwrite']:
+        fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: --init_from=resume (or "
+             "auto). To start a new run: another --out_dir. To replace it: --overwrite=True.", master)
     if master:
         for name in RUN_FILES:
-            if os.path.exists(os.path.join(cfg['out_dir'], name)):
-                os.remove(os.path.join(cfg['out_dir'], name))
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+
+
+def read_run_config(out_dir):
+    """out_dir/config.json as a dict, or None if it is missing or unreadable."""
+    try:
+        with open(os.path.join(out_dir, 'config.json')) as f:
+            saved = json.load(f)
+        return saved if isinstance(saved, dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def resume(cfg, model, optimizer, scaler, master):
@@ -343,16 +389,21 @@ def train_step(step, model, raw_model, optimizer, scaler, data, mine, cfg, procs
     return loss_sum, norm
 
 
-def stop_if_diverged(first_nonfinite, now, cfg, procs):
-    """Read the divergence flags back (one sync) and stop if a loss or gradient norm was non-finite."""
-    if procs.ddp:  # the ranks agree (a loss can go non-finite on one rank first)
-        torch.distributed.all_reduce(first_nonfinite, op=torch.distributed.ReduceOp.MAX)
-    loss_step, norm_step = first_nonfinite.tolist()
+def check_in(first_nonfinite, stop_requested, now, cfg, procs):
+    """The ranks agree, in one all-reduce and one read-back at a step where the loop reads the device
+    anyway: stop with a message if a loss or gradient norm went non-finite on any rank, and return
+    whether any rank was asked to stop by a signal (then all of them stop at this same step)."""
+    flags = torch.cat([first_nonfinite, first_nonfinite.new_tensor([int(stop_requested)])])
+    if procs.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    loss_step, norm_step, stop = flags.tolist()
     if loss_step >= 0 or norm_step >= 0:
         fail(divergence_message(loss_step, norm_step, now, os.path.join(cfg['out_dir'], 'ckpt.pt')), procs.master)
+    return stop > 0
 
 
 def train(cfg, procs):
+    """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
     master = procs.master
     if procs.device_type == 'cpu' and cfg['cpu_malloc_tuning']:
         tune_cpu_allocator()
@@ -364,6 +415,7 @@ def train(cfg, procs):
     T, B = cfg['block_size'], cfg['batch_size']
     grad_accum, windows_per_step = batch_arithmetic(cfg, procs.world, master)
     train_data, val_data, n_windows, n_eval = open_data(cfg, procs, windows_per_step)
+    asked_auto = cfg['init_from'] == 'auto'
     claim_out_dir(cfg, master)
     ckpt_path, log_path = (os.path.join(cfg['out_dir'], name) for name in ('ckpt.pt', 'log.jsonl'))
 
@@ -377,6 +429,11 @@ def train(cfg, procs):
     step, best_val, saved = 0, float('inf'), {}
     if cfg['init_from'] == 'resume':
         step, best_val, saved = resume(cfg, model, optimizer, scaler, master)
+        if asked_auto and step >= cfg['max_iters'] and not cfg['eval_only']:
+            if master:
+                print(f"{cfg['out_dir']}: already finished at step {step} (max_iters={cfg['max_iters']}); "
+                      "nothing to do", flush=True)
+            return 0
     # the schedule's length is fixed now and frozen for the rest of the run (a resume keeps it)
     cfg['lr_decay_iters'] = schedule_length(cfg)
     if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
@@ -423,8 +480,17 @@ def train(cfg, procs):
             if tracker is not None:
                 tracker.log(wandb_row(row), step=row['step'])
 
+    def save(val_loss):
+        """Checkpoint at `step` (rank 0), after the ranks have checked that nothing diverged."""
+        check_in(first_nonfinite, False, step, cfg, procs)
+        if master:
+            save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                                 scaler=scaler.state_dict(), step=step, best_val_loss=min(best_val, val_loss),
+                                 config=cfg, rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+                                                      python=random.getstate())), ckpt_path)
+
     def evaluate_log_save():
-        """Evaluate at `step`, log it, and checkpoint (after checking that nothing has diverged)."""
+        """Evaluate at `step`, log it, and checkpoint."""
         val_loss, routing = evaluate(eval_model, raw_model, val_data, val_batches, routing_windows, cfg, procs, ctx)
         if not math.isfinite(val_loss):
             fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving, so the "
@@ -433,12 +499,7 @@ def train(cfg, procs):
             print(f"step {step}: val loss {val_loss:.4f}", flush=True)
         log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing))
         if step > 0 and (cfg['always_save_checkpoint'] or step == cfg['max_iters']):
-            stop_if_diverged(first_nonfinite, step, cfg, procs)
-            if master:
-                save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                                     scaler=scaler.state_dict(), step=step, best_val_loss=min(best_val, val_loss),
-                                     config=cfg, rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
-                                                          python=random.getstate())), ckpt_path)
+            save(val_loss)
         return val_loss
 
     if cfg['eval_only']:  # evaluate what there is (the checkpoint, or the initialisation), log, exit
@@ -448,7 +509,13 @@ def train(cfg, procs):
         if saved:
             log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing,
                      eval_only=True))
-        return
+        return 0
+
+    # Preemption: a signal handler only takes note; the ranks agree to stop at the next log step
+    # (README: "Preemption"). From here on a signal no longer kills the process: it checkpoints.
+    stop_signal = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: stop_signal.append(signal.Signals(signum).name))
 
     # The divergence guard without a host sync: each step folds "was the loss / the gradient norm
     # non-finite" into these device flags (the first step it happened, -1 = never), which are read back
@@ -480,8 +547,9 @@ def train(cfg, procs):
                      f"without saving; the last good checkpoint ({ckpt_path}, if any) is kept.", master)
         step += 1
 
+        stopping = False
         if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
-            stop_if_diverged(first_nonfinite, step, cfg, procs)
+            stopping = check_in(first_nonfinite, bool(stop_signal), step, cfg, procs)
             if procs.ddp:
                 torch.distributed.all_reduce(loss_sum)
             train_loss = loss_sum.item() / procs.world  # .item() waits for the device, so dt below is real
@@ -507,8 +575,17 @@ def train(cfg, procs):
         if step % cfg['eval_interval'] == 0 or step == cfg['max_iters']:
             best_val = min(best_val, evaluate_log_save())
             t_last, t_last_step = time.time(), step   # the evaluation's time is not training time
+        elif stopping:
+            save(best_val)
+        if stopping and step < cfg['max_iters']:
+            if master:
+                print(f"stopped by {stop_signal[0] if stop_signal else 'a signal to another rank'} at step {step}: "
+                      f"checkpoint written to {ckpt_path}. To continue: the same command with --init_from=auto "
+                      f"(or resume). Exit code {EXIT_STOPPED}.", flush=True)
+            break
     if tracker is not None:
         tracker.finish()
+    return EXIT_STOPPED if step < cfg['max_iters'] else 0
 
 
 # -----------------------------------------------------------------------------
@@ -569,4 +646,4 @@ def print_run_summary(cfg, model, grad_accum, procs, dt_name, train_tokens, n_ev
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,171 @@
+"""A run that starts or continues by itself, survives preemption, and ends cleanly under torchrun
+(README: "Preemption and restarts"). Every run is a real train.py process on the CPU (tiny model, the
+built-in corpus); signals are sent to it mid-run, as a scheduler would."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from test_train import HERE, TINY, read_log, run
+
+TORCHRUN = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
+
+
+def command(args, data_dir, out_dir, launcher=(sys.executable,)):
+    return [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
+
+
+def start(args, data_dir, out_dir, launcher=(sys.executable,)):
+    return subprocess.Popen(command(args, data_dir, out_dir, launcher), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'))
+
+
+def logged_steps(out_dir):
+    """Steps with a training row in log.jsonl so far (a line being written is skipped)."""
+    try:
+        with open(os.path.join(out_dir, 'log.jsonl')) as f:
+            lines = f.read().split('\n')[:-1]
+    except OSError:
+        return []
+    return [r['step'] for r in map(json.loads, lines) if 'train_loss' in r]
+
+
+def wait_for_step(proc, out_dir, step, timeout=300):
+    deadline = time.time() + timeout
+    while not any(s >= step for s in logged_steps(out_dir)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, 'the run did not get there in time'
+        time.sleep(0.01)
+
+
+def worker_pids(agent_pid):
+    """{rank: pid} of torchrun's worker processes, the agent's children, read from /proc."""
+    ranks = {}
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+            with open(f'/proc/{pid}/environ', 'rb') as f:
+                env = dict(e.split(b'=', 1) for e in f.read().split(b'\0') if b'=' in e)
+        except OSError:
+            continue
+        if ppid == agent_pid and b'RANK' in env:
+            ranks[int(env[b'RANK'])] = int(pid)
+    return ranks
+
+
+def assert_same_run(a, b):
+    """Bit-identical runs: the losses and data fingerprints of every logged step, the final weights."""
+    (ta, va), (tb, vb) = read_log(a), read_log(b)
+    assert sorted(ta) == sorted(tb) and sorted(va) == sorted(vb)
+    assert [(ta[s]['train_loss'], ta[s]['data_hash']) for s in sorted(ta)] == \
+           [(tb[s]['train_loss'], tb[s]['data_hash']) for s in sorted(tb)]
+    assert [va[s]['val_loss'] for s in sorted(va)] == [vb[s]['val_loss'] for s in sorted(vb)]
+    ma = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=False)['model']
+    mb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=False)['model']
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. A clean exit under torchrun
+
+def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
+    # Rank 0 writes the last checkpoint while the others are done: without the final barrier a rank
+    # could tear its process group down under it and abort (SIGABRT), about 1 run in 5 here. A model
+    # of the quickstart's size makes that checkpoint take long enough for the race to show.
+    shape = ['--n_layer=4', '--n_embd=128', '--n_head=4', '--attnres_block_size=4', '--max_iters=2',
+             '--eval_interval=2', '--eval_tokens=256']
+    for attempt in range(5):
+        p = run(shape, data_dir, str(tmp_path / f'run{attempt}'), expect_ok=False, launcher=TORCHRUN)
+        assert p.returncode == 0, f"attempt {attempt}: exit {p.returncode}\n{p.stderr[-3000:]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. init_from='auto'
+
+def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    args = ['--init_from=auto', '--lr_decay_iters=4']
+    run(args + ['--max_iters=2'], data_dir, out)                          # nothing there: from scratch
+    assert sorted(read_log(out)[0]) == [1, 2]
+    p = run(args, data_dir, out)                                          # a checkpoint of this run: resume
+    assert 'resumed at step 2' in p.stdout and sorted(read_log(out)[0]) == [1, 2, 3, 4]
+    full = str(tmp_path / 'full')
+    run(['--lr_decay_iters=4'], data_dir, full)
+    assert_same_run(out, full)
+    before = {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+    p = run(args, data_dir, out)                                          # finished: nothing to do
+    assert 'already finished at step 4' in p.stdout
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+    p = run(args + ['--seed=2'], data_dir, out, expect_ok=False)         # another run: refused
+    assert p.returncode != 0 and 'cannot resume' in p.stderr and 'seed' in p.stderr
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+
+
+def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=4'], data_dir, out)
+    os.remove(os.path.join(out, 'ckpt.pt'))          # what a kill before the first checkpoint leaves
+    p = run(['--init_from=auto', '--seed=2'], data_dir, out, expect_ok=False)   # not this run: refused
+    assert p.returncode != 0 and 'another configuration' in p.stderr and 'seed' in p.stderr
+    run(['--init_from=auto'], data_dir, out)         # this run: started again, nothing trained was lost
+    assert sorted(read_log(out)[0]) == [1, 2, 3, 4] and os.path.exists(os.path.join(out, 'ckpt.pt'))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Preemption: a signal mid-run -> every rank stops at one log step with a checkpoint -> resume
+
+PREEMPT = ['--max_iters=60', '--lr_decay_iters=60', '--eval_interval=30', '--log_interval=5', '--init_from=auto']
+
+
+def stopped_step(stdout):
+    line = next(line for line in stdout.splitlines() if line.startswith('stopped by'))
+    return int(line.split(' at step ')[1].split(':')[0])
+
+
+def preempt(out_dir, after, send, launcher=(sys.executable,), data_dir=None):
+    """Start the run (or continue it), wait until it has logged step `after`, call send(proc), and
+    return the step at which it stopped and its output. The checkpoint must be from that very step."""
+    proc = start(PREEMPT, data_dir, out_dir, launcher)
+    wait_for_step(proc, out_dir, after)
+    send(proc)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0, stderr[-3000:]
+    step = stopped_step(stdout)
+    assert after < step and step % 5 == 0, stdout[-2000:]
+    assert torch.load(os.path.join(out_dir, 'ckpt.pt'), weights_only=False)['step'] == step
+    assert max(logged_steps(out_dir)) == step    # nothing was logged past the checkpoint
+    return step, proc.returncode, stdout
+
+
+def test_signals_checkpoint_at_the_next_log_step_and_resume_is_exact(data_dir, tmp_path):
+    out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
+    first, code, stdout = preempt(out, 5, lambda p: p.send_signal(signal.SIGTERM), data_dir=data_dir)
+    # at most log_interval steps are lost, not everything since the last evaluation (step 0)
+    assert code == train.EXIT_STOPPED and 'stopped by SIGTERM' in stdout and first < 30
+    second, code, stdout = preempt(out, first + 5, lambda p: p.send_signal(signal.SIGUSR1), data_dir=data_dir)
+    assert code == train.EXIT_STOPPED and 'stopped by SIGUSR1' in stdout and 'resumed at step' in stdout
+    run(PREEMPT, data_dir, out)                  # the same command once more: it carries on to the end
+    run(PREEMPT, data_dir, full)
+    assert_same_run(out, full)
+
+
+def test_two_processes_stop_together_whoever_gets_the_signal(data_dir, tmp_path):
+    out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
+    # SIGTERM to torchrun, which forwards it to both ranks (torchrun itself then exits non-zero)
+    first, _, stdout = preempt(out, 5, lambda p: p.send_signal(signal.SIGTERM), TORCHRUN, data_dir)
+    assert 'stopped by SIGTERM' in stdout
+    # SIGUSR1 to rank 1 alone: rank 0 learns of it at the next log step and stops at the same one
+    second, _, stdout = preempt(out, first + 5, lambda p: os.kill(worker_pids(p.pid)[1], signal.SIGUSR1),
+                                TORCHRUN, data_dir)
+    assert 'stopped by a signal to another rank' in stdout
+    run(PREEMPT, data_dir, out, launcher=TORCHRUN)
+    run(PREEMPT, data_dir, full, launcher=TORCHRUN)
+    assert_same_run(out, full)
