@@ -4,9 +4,11 @@ The paper's paired table (and plots) from run directories written by train.py.
     python compare.py out/*                       # every comparison the runs allow, as Markdown
     python compare.py out/* --step 1000           # at an earlier evaluation step (runs in progress too)
     python compare.py out/* --json results.json --plot plots/
+    python compare.py out/* --pair rd_attnres:ctrl_heads    # also any two arms side by side
 
 Runs are grouped by model shape and budget, paired by seed, and each arm is compared with its
-parent: rd_attnres and the controls with attnres, attnres with standard. A pair must have the same
+parent: rd_attnres and the controls with attnres, attnres with standard; --pair ARM:BASE adds
+other comparisons (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
 frozen configuration except `residual` (and output paths) and must have seen the same batches
 (train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
 of the report with the reason, while every valid pair is still reported (--strict: exit non-zero).
@@ -22,9 +24,10 @@ import sys
 from common import FROZEN_ON_RESUME, atomic_write_text, read_log, schedule_length
 from model import ATTENTION_ROUTES
 
+# ctrl_mix is a removed mode (README: "The second set"): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
-          'ctrl_mix': 'attnres', 'attnres': 'standard'}
-ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix']
+          'ctrl_heads': 'attnres', 'ctrl_mix': 'attnres', 'attnres': 'standard'}
+ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads', 'ctrl_mix']
 # what must be equal within a pair, besides the seed; residual is what differs
 FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size', 'dtype')
                if k not in ('residual', 'seed'))
@@ -130,9 +133,10 @@ def pair_problem(a, b):
     return None
 
 
-def compare(runs, step=None):
-    """All comparisons (arm vs parent, per shape and budget) that the runs allow, and the refused
-    runs: [(run path, reason)]. One unpairable run never hides the pairs that are valid."""
+def compare(runs, step=None, extra_pairs=()):
+    """All comparisons (arm vs parent, then the extra (arm, base) pairs, per shape and budget) that the
+    runs allow, and the refused runs: [(run path, reason)]. One unpairable run never hides the pairs
+    that are valid."""
     groups, refused = {}, []
     for run in runs:
         key = tuple(run['config'][k] for k in GROUP_KEYS)
@@ -143,11 +147,10 @@ def compare(runs, step=None):
                                          f"same shape and budget as {by_seed[seed]['path']}"))
             continue
         by_seed[seed] = run
-    results = []
+    results, seen = [], set()
     for key in sorted(groups):
         by_mode = groups[key]
-        for arm in ARM_ORDER:
-            parent = PARENT[arm]
+        for arm, parent in [(arm, PARENT[arm]) for arm in ARM_ORDER] + list(extra_pairs):
             if arm not in by_mode or parent not in by_mode:
                 continue
             rows, skipped = [], []
@@ -155,7 +158,9 @@ def compare(runs, step=None):
                 a, p = by_mode[arm][seed], by_mode[parent][seed]
                 problem = pair_problem(a, p)
                 if problem:
-                    refused.append((a['path'], f"not paired with {p['path']}: {problem}"))
+                    if (a['path'], p['path']) not in seen:   # (said once, also when a run is in two comparisons)
+                        refused.append((a['path'], f"not paired with {p['path']}: {problem}"))
+                        seen.add((a['path'], p['path']))
                     continue
                 at = step if step is not None else a['config']['max_iters']
                 if at not in a['evals'] or at not in p['evals']:
@@ -236,7 +241,7 @@ def plot(results, groups, out_dir):
         plt.close(fig)
         written.append(path)
     for by_mode in groups.values():
-        for mode in [m for m, routes in ATTENTION_ROUTES.items() if 'v' in routes]:   # a V route of their own
+        for mode in [m for m, routes in ATTENTION_ROUTES.items() if len(routes) == 2]:   # two attention routes
             for seed, run in sorted(by_mode.get(mode, {}).items()):
                 routed = [(s, e['routing']) for s, e in sorted(run['evals'].items()) if e.get('routing')]
                 if not routed:
@@ -246,9 +251,12 @@ def plot(results, groups, out_dir):
 
 
 def plot_routing(plt, run, routed, out_dir):
+    """Heatmaps of the two routes of the attention read (qk and v, or heads1 and heads2) at the last
+    evaluation, and the JS divergence between them per layer over training."""
     last_step, last = routed[-1]
+    first, second = ATTENTION_ROUTES[run['config']['residual']]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5), constrained_layout=True)
-    for ax, route in zip(axes[:2], ('qk', 'v')):
+    for ax, route in zip(axes[:2], (first, second)):
         m = routing_matrix(last['alpha'], route)
         im = ax.imshow(m, vmin=0, vmax=1, cmap='viridis', aspect='auto')
         ax.set_xticks(range(len(m[0])))
@@ -263,8 +271,9 @@ def plot_routing(plt, run, routed, out_dir):
     layers = [row['layer'] for row in last['summary']]
     for layer in layers:
         ax = axes[2]
-        ax.plot([s for s, _ in routed], [rt['summary'][layer]['js_qk_v'] for _, rt in routed], label=f"layer {layer}")
-    axes[2].set(xlabel='step', ylabel='JS divergence (nats)', title='QK vs V route, per attention layer')
+        ax.plot([s for s, _ in routed], [rt['summary'][layer][f'js_{first}_{second}'] for _, rt in routed],
+                label=f"layer {layer}")
+    axes[2].set(xlabel='step', ylabel='JS divergence (nats)', title=f'{first} vs {second} route, per attention layer')
     axes[2].legend(fontsize=6, ncol=2)
     fig.suptitle(f"{run['name']} ({run['config']['residual']}, seed {run['config']['seed']})", fontsize=9)
     path = os.path.join(out_dir, f"routing_{run['name']}.png")
@@ -280,12 +289,17 @@ def main(argv=None):
     ap.add_argument('--json', help="also write the numbers to this JSON file")
     ap.add_argument('--plot', help="write PNG plots into this directory")
     ap.add_argument('--strict', action='store_true', help="exit non-zero if any run could not be paired")
+    ap.add_argument('--pair', action='append', default=[], metavar='ARM:BASE',
+                    help="also compare ARM with BASE, e.g. rd_attnres:ctrl_heads (repeatable)")
     args = ap.parse_args(argv)
+    extra = [tuple(p.split(':')) for p in args.pair]
+    if any(len(p) != 2 or not all(p) for p in extra):
+        raise SystemExit(f"--pair takes ARM:BASE, two residual modes, e.g. rd_attnres:ctrl_heads; got {args.pair}")
     paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
     runs = [r for r in map(load_run, paths) if r is not None]
     if not runs:
         raise SystemExit(f"no run directories (with config.json and log.jsonl) among {args.runs}")
-    results, groups, refused = compare(runs, args.step)
+    results, groups, refused = compare(runs, args.step, extra)
     if results:
         print(markdown(results))
     if refused:

@@ -29,7 +29,8 @@ DEFAULTS = dict(
 
 
 ROUTES = {'qk': "the input of queries and keys (the one route of attnres)", 'v': "the input of values (RD-AttnRes)",
-          'mix': "ctrl_mix's second read, averaged with qk", 'mlp': "the MLP's input",
+          'heads1': "the Q, K and V input of the first half of the heads (ctrl_heads)",
+          'heads2': "the Q, K and V input of the second half of the heads (ctrl_heads)", 'mlp': "the MLP's input",
           'final': "the read after the last sublayer, into the LM head"}
 
 
@@ -43,7 +44,7 @@ def print_routing(model):
         alpha = r['alpha'].tolist()
         kind = 'final' if r['sublayer'] == L else 'attn' if r['sublayer'] % 2 == 0 else 'mlp'
         cells = ' '.join(f"{n}:{a * 100:3.0f}%" for n, a in zip(source_labels(r['sublayer'], S, L), alpha))
-        print(f"sublayer {r['sublayer']:2d} {kind:5s} {r['route']:5s} | {cells}")
+        print(f"sublayer {r['sublayer']:2d} {kind:5s} {r['route']:6s} | {cells}")
 
 
 def main(argv):

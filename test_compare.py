@@ -154,3 +154,22 @@ def test_plots_are_written(study, tmp_path):
     assert all(os.path.getsize(os.path.join(out, n)) > 10_000 for n in names)
     m = compare.routing_matrix(json.loads(open(os.path.join(study, 'rd_s1', 'log.jsonl')).readline())['routing']['alpha'], 'v')
     assert m[0][0] == 1.0 and math.isnan(m[0][1]) and m[1] == [0.7, 0.3]
+
+
+def test_any_two_arms_side_by_side(tmp_path, capsys):
+    # rd_attnres vs ctrl_heads (both children of attnres): the comparison that separates roles from "two reads"
+    root = str(tmp_path)
+    ctrl = [0.01, -0.01, 0.0, 0.02, -0.02]
+    for seed, (p, d, c) in enumerate(zip(PARENT_NLL, DELTAS, ctrl), start=1):
+        make_run(root, f'attnres_s{seed}', 'attnres', seed, p)
+        make_run(root, f'rd_s{seed}', 'rd_attnres', seed, p + d)
+        make_run(root, f'heads_s{seed}', 'ctrl_heads', seed, p + c)
+    out = os.path.join(root, 'r.json')
+    assert compare.main([os.path.join(root, '*'), '--pair', 'rd_attnres:ctrl_heads', '--json', out]) == 0
+    results = {(r['arm'], r['parent']): r for r in json.load(open(out))}
+    assert set(results) == {('rd_attnres', 'attnres'), ('ctrl_heads', 'attnres'), ('rd_attnres', 'ctrl_heads')}
+    side = results[('rd_attnres', 'ctrl_heads')]
+    assert [p['delta'] for p in side['pairs']] == pytest.approx([d - c for d, c in zip(DELTAS, ctrl)])
+    assert '### rd_attnres vs ctrl_heads' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match='ARM:BASE'):
+        compare.main([os.path.join(root, '*'), '--pair', 'rd_attnres'])

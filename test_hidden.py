@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import common
 import compare
-from model import depth_read, source
+from model import apply_rotary as model_apply_rotary, depth_read, source
 from test_model import batch, make, perturb
 
 # the project under test (a student's copy when course.py grades it): its committed study logs
@@ -65,9 +65,11 @@ def reference_forward(model, idx):
             at = block.attn_read
             h_qk = read(at.attn_query, at, sources)
             h_v = read(at.value_query, at, sources) if mode == 'rd_attnres' else h_qk
-            if mode == 'ctrl_mix':   # two reads averaged, one input for Q, K and V
-                h_qk = h_v = 0.5 * (h_qk + read(at.mix_query, at, sources))
-            out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
+            if mode == 'ctrl_heads':   # two reads, each the Q, K and V input of half of the heads
+                h_2 = read(at.heads2_query, at, sources)
+                out = heads_split_attention(block, block.norm_attn(h_qk), block.norm_attn(h_2), cos, sin)
+            else:
+                out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
         else:
             out = block.mlp(block.norm_mlp(read(block.mlp_read.mlp_query, block.mlp_read, sources)))
         outputs.append(out)
@@ -75,6 +77,21 @@ def reference_forward(model, idx):
     h = read(model.final_read.final_query, model.final_read, blocks)
     return model.lm_head(model.transformer.ln_f(h))
 
+
+def heads_split_attention(block, x_1, x_2, cos, sin):
+    """Attention whose heads 1..H/2 see x_1 and heads H/2+1..H see x_2, literally: run ordinary
+    attention on each input and keep the head outputs of its half (computing every head twice)."""
+    attn, (B, T, C) = block.attn, x_1.shape
+    H, hd = attn.n_head, C // attn.n_head
+
+    def head_outputs(x):   # (B, T, H, hd) before the output projection
+        q, k = attn.c_qk(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, attn.c_v(x)))
+        q, k = model_apply_rotary(q, cos[:T], sin[:T]), model_apply_rotary(k, cos[:T], sin[:T])
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+
+    y = torch.cat([head_outputs(x_1)[:, :, :H // 2], head_outputs(x_2)[:, :, H // 2:]], dim=2)
+    return attn.c_proj(y.reshape(B, T, C))
 
 
 @pytest.mark.assignment2
@@ -88,7 +105,7 @@ def test_attnres_matches_literal_reference(S):
 
 @pytest.mark.assignment3
 @pytest.mark.hidden
-@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_mix'])
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_heads'])
 @pytest.mark.parametrize('S', [1, 3, 4])
 def test_two_route_modes_match_literal_reference(mode, S):
     idx, targets = batch()

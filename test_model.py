@@ -23,16 +23,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, js_divergence, mean_depth, n_sources,
+from model import (ATTENTION_ROUTES, GPT, GPTConfig, RESIDUAL_MODES, depth_read, entropy, js_divergence, mean_depth, n_sources,
                    routing_summary, source, source_labels)
 
 VOCAB = 97
-QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'mix_query')
+QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'heads2_query')
 
 
-def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64):
+def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64, n_head=2):
     torch.manual_seed(seed)
-    cfg = GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_embd=16,
+    cfg = GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=n_layer, n_head=n_head, n_embd=16,
                     residual=residual, attnres_block_size=S)
     return GPT(cfg).to(dtype)
 
@@ -73,15 +73,16 @@ def assert_same_function(a, b, idx, targets, tol=1e-12):
 # ---------------------------------------------------------------------------------------------
 # 1. Tie recovery (README: "The three modes", rd_attnres)
 
-# the second route of each two-route mode with learned queries: rd_attnres's V route, ctrl_mix's mix read
-SECOND_QUERY = {'rd_attnres': 'value_query', 'ctrl_mix': 'mix_query'}
+# the second route of each two-route mode with learned queries: rd_attnres's V route, ctrl_heads's
+# route of the second half of the heads
+SECOND_QUERY = {'rd_attnres': 'value_query', 'ctrl_heads': 'heads2_query'}
 
 
 @pytest.mark.assignment3
 @pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
 @pytest.mark.parametrize('S', [1, 2, 3])
 def test_tied_second_route_recovers_attnres(mode, S):
-    # rd_attnres: the value route *is* the Q/K route; ctrl_mix: the average of two equal reads is the read
+    # rd_attnres: the value route *is* the Q/K route; ctrl_heads: both halves of the heads read one input
     idx, targets = batch()
     parent = perturb(make('attnres', S))
     model = make(mode, S)
@@ -120,7 +121,6 @@ def test_value_route_equal_to_qk_route_splits_the_gradient():
 @pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
 def test_untied_second_route_changes_the_function(mode):
     # the converse: a different second route is a different model (otherwise the tests above prove nothing).
-    # (ctrl_mix stays coupled: Q, K and V read one input, the average of its two reads; test_hidden.py)
     idx, targets = batch()
     parent = perturb(make('attnres'))
     model = make(mode)
@@ -136,7 +136,7 @@ def test_untied_second_route_changes_the_function(mode):
 # 2. Equal at init (property 2), and ctrl_dup equal always
 
 @pytest.mark.assignment3
-@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params', 'ctrl_mix'])
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params', 'ctrl_heads'])
 def test_modes_equal_attnres_at_init(mode):
     idx, targets = batch()
     assert_same_function(make('attnres'), make(mode), idx, targets)
@@ -171,7 +171,7 @@ def test_parameter_delta_is_one_vector_per_attention_sublayer(n_layer):
     d = 16
     assert counts['rd_attnres'] - counts['attnres'] == n_layer * d
     assert counts['ctrl_params'] - counts['attnres'] == n_layer * d
-    assert counts['ctrl_mix'] - counts['attnres'] == n_layer * d
+    assert counts['ctrl_heads'] - counts['attnres'] == n_layer * d
     assert counts['ctrl_dup'] == counts['attnres'] == counts['ctrl_fixed_v']
     # the parent adds, per read point (2 per layer + the final read), a pseudo-query and a key gain
     assert counts['attnres'] - counts['standard'] == 2 * (2 * n_layer + 1) * d
@@ -188,7 +188,7 @@ def test_fixed_value_query_is_a_buffer_not_a_parameter():
 def test_pseudo_queries_are_named_and_zero():
     model = make('rd_attnres')
     names = [n for n, _ in model.named_parameters() if n.split('.')[-1] in QUERY_NAMES]
-    assert sorted({n.split('.')[-1] for n in names}) == sorted(set(QUERY_NAMES) - {'mix_query'})
+    assert sorted({n.split('.')[-1] for n in names}) == sorted(set(QUERY_NAMES) - {'heads2_query'})
     assert len(names) == 3 * 3 + 1
     assert all((p == 0).all() for n, p in model.named_parameters() if n in names)
 
@@ -296,9 +296,10 @@ def test_routing_records_every_read_point(mode, S):
     model(idx, targets)
     L = 8
     routes = {(r['sublayer'], r['route']): r['alpha'] for r in model.routing}
-    two = mode in ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_mix')
-    expected = {(l, 'qk' if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
-    expected |= {(l, 'mix' if mode == 'ctrl_mix' else 'v') for l in range(0, L, 2)} if two else set()
+    two = mode in ('rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
+    first, second = ('heads1', 'heads2') if mode == 'ctrl_heads' else ('qk', 'v')
+    expected = {(l, first if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
+    expected |= {(l, second) for l in range(0, L, 2)} if two else set()
     assert set(routes) == expected
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
@@ -361,11 +362,35 @@ def test_summary_helpers():
     parent.record_routing = True
     parent(*batch())
     assert all(r['js_qk_v'] == 0.0 for r in routing_summary(parent.routing))
-    mix = perturb(make('ctrl_mix', n_layer=3))   # coupled roles: V = QK; its two reads differ (js_mix)
-    mix.record_routing = True
-    mix(*batch())
-    rows = routing_summary(mix.routing)
-    assert all(r['js_qk_v'] == 0.0 for r in rows) and all(r['js_mix'] > 1e-4 for r in rows[1:])
+    heads = perturb(make('ctrl_heads', n_layer=3))   # its routes are named for the heads they feed
+    heads.record_routing = True
+    heads(*batch())
+    rows = routing_summary(heads.routing)
+    assert sorted(rows[0]) == sorted(['layer', 'js_heads1_heads2'] + [f'{k}_heads{i}' for i in (1, 2) for k in
+                                                                       ('entropy', 'token_entropy', 'depth')])
+    assert all(r['js_heads1_heads2'] > 1e-4 for r in rows[1:])
+
+
+@pytest.mark.assignment3
+@pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_heads'])
+def test_two_learned_routes_separate_in_training(mode):
+    # What the routes of these modes are for: to learn *different* depth mixtures. Both queries start at
+    # zero, as in training; the routes must get different gradients and drift apart. (ctrl_mix, whose two
+    # reads were exchangeable, kept its queries exactly equal forever: this test fails for it.)
+    model = make(mode, S=2, n_layer=3)
+    idx, targets = batch(B=4, T=16)
+    opt = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
+    for _ in range(4):
+        opt.zero_grad(set_to_none=True)
+        model(idx, targets)[1].backward()
+        opt.step()
+    first, second = ATTENTION_ROUTES[mode].values()
+    for block in model.transformer.h[1:]:    # (layer 0 reads one source: its queries get no gradient)
+        assert (getattr(block.attn_read, first) - getattr(block.attn_read, second)).abs().max() > 1e-4
+    model.record_routing = True
+    model(idx, targets)
+    js = [v for row in routing_summary(model.routing)[1:] for k, v in row.items() if k.startswith('js_')]
+    assert len(js) == 2 and all(j > 1e-9 for j in js), js
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +406,7 @@ def test_every_pseudo_query_gets_a_gradient(mode):
         if name.split('.')[-1] not in QUERY_NAMES:
             continue
         assert p.grad is not None, name                    # present, so DDP never waits for it
-        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query', 'mix_query')):
+        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query', 'heads2_query')):
             assert torch.equal(p.grad, torch.zeros_like(p)), name   # one source: softmax is constant 1
         else:
             assert p.grad.abs().max() > 0, name
@@ -405,10 +430,24 @@ def test_every_parameter_gets_a_gradient_at_init():
     (dict(attnres_block_size=0), 'attnres_block_size must be >= 1'),
     (dict(n_embd=36, n_head=4), 'must be even for rotary'),
     (dict(n_layer=0), 'n_layer must be a positive integer'),
+    (dict(residual='ctrl_heads', n_embd=48, n_head=3), 'n_head must be even'),
 ])
 def test_bad_config_raises_a_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**kwargs)
+
+
+@pytest.mark.parametrize('mode', ['attnres', 'ctrl_heads'])
+def test_ctrl_heads_projects_each_head_once(mode):
+    # the two halves of the heads are projected by their own rows of the weights: the matmul FLOPs of a
+    # forward pass are those of rd_attnres (and of attnres: a read has no matmul), no head computed twice
+    from torch.utils.flop_counter import FlopCounterMode
+    flops = {}
+    for m in (mode, 'rd_attnres'):
+        with FlopCounterMode(display=False) as counter:
+            perturb(make(m, n_head=4))(*batch())
+        flops[m] = counter.get_total_flops()
+    assert flops[mode] == flops['rd_attnres'] > 0
 
 
 def test_too_long_sequence_is_refused():

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_check}"
-MODES="${MODES:-standard,attnres,rd_attnres,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_mix}"
+MODES="${MODES:-standard,attnres,rd_attnres,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_heads}"
 mkdir -p "$OUT"
 rm -f "$OUT"/bench_*.jsonl
 # compiled graphs are cached here: a second run of this script (or of train.py with the same variable)

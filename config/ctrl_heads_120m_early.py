@@ -1,9 +1,9 @@
-# ctrl_mix_120m_early: the frozen 120m recipe (README: "Reproducing the paper"), identical for every arm of a pair except `residual`.
+# ctrl_heads_120m_early: the frozen 120m recipe (README: "Reproducing the paper"), identical for every arm of a pair except `residual`.
 # Early budget for the controls: 0.5B training tokens, 954 steps of 2**19 tokens (compare each control
 # with attnres_120m_early of the same seed).
-#   torchrun --standalone --nproc_per_node=8 train.py config/ctrl_mix_120m_early.py --seed=1   (seeds 1..5)
-out_dir = 'out/ctrl_mix_120m_early_s{seed}'
-residual = 'ctrl_mix'
+#   torchrun --standalone --nproc_per_node=8 train.py config/ctrl_heads_120m_early.py --seed=1   (seeds 1..5)
+out_dir = 'out/ctrl_heads_120m_early_s{seed}'
+residual = 'ctrl_heads'
 # data: FineWeb-Edu sample-10BT, GPT-2 BPE (python prepare.py)
 dataset = 'fineweb_edu'
 total_batch_size = 524288   # 2**19 tokens per optimizer step
