@@ -27,9 +27,10 @@ def _check(key, value, defaults, where):
                      f"({type(value).__name__})")
 
 
-def configure(defaults, argv):
-    """Return a copy of `defaults` updated by config files and --key=value arguments, in order."""
-    config = dict(defaults)
+def settings(argv, defaults=None):
+    """The (key, value, where) assignments of config files and --key=value arguments, in order, not yet
+    checked against any defaults (study.py reads a run's shape this way without importing train.py)."""
+    defaults = defaults or {}
     for arg in argv:
         if not arg.startswith('--'):
             try:
@@ -41,7 +42,7 @@ def configure(defaults, argv):
             exec(compile(source, arg, 'exec'), {}, scope)
             for key, value in scope.items():
                 if not key.startswith('_'):
-                    config[key] = _check(key, value, defaults, arg)
+                    yield key, value, arg
         else:
             key, sep, text = arg[2:].partition('=')
             if not sep:
@@ -52,5 +53,12 @@ def configure(defaults, argv):
                 value = text  # a bare word is a string: --residual=attnres
             if isinstance(defaults.get(key), str) and not isinstance(value, str):
                 value = text  # keep e.g. --out_dir=123 a string
-            config[key] = _check(key, value, defaults, f"--{key}")
+            yield key, value, f"--{key}"
+
+
+def configure(defaults, argv):
+    """Return a copy of `defaults` updated by config files and --key=value arguments, in order."""
+    config = dict(defaults)
+    for key, value, where in settings(argv, defaults):
+        config[key] = _check(key, value, defaults, where)
     return config

@@ -1,74 +1,310 @@
 """
-The paired study at CPU scale (README: "Results at CPU scale"): the paired protocol (README: "Training") shrunk to a
-2-core machine, on real English text that ships in Debian packages.
+A study is a named plan of paired runs, run one after another by one command that can be stopped
+and started again at any moment (README: "Reproducing the paper", "Results at CPU scale").
 
-    apt-get install python3.11-doc bible-kjv       # the corpus: Python's reST docs + the King James Bible
-    python study.py corpus                         # -> data/study_src/corpus.jsonl -> data/study/*.bin
-    nohup python study.py run > study.log 2>&1 &   # every run in order; a restart skips finished runs
-    python study.py report                         # tables and plots into study/
+    python study.py list                                   # the plans
+    python study.py run paper --dry_run                    # the queue, what is done, a time estimate
+    python study.py run paper --launcher="torchrun --standalone --nproc_per_node=8"
+    python study.py report paper                           # compare.py's tables of the plan, one file
+    python study.py corpus                                 # the CPU study's corpus (Debian packages)
+    nohup python study.py run cpu > study.log 2>&1 &       # the CPU study
 
-Order of the runs: five seeds x {attnres, rd_attnres} (pairs complete early), then five seeds of
-standard, then the early budget: attnres and the paper's three controls, five seeds each. Then a
-second set on a rebuilt corpus: ctrl_mix and its attnres parents (five seeds), then the noise floor:
-attnres vs ctrl_dup in float32 (three seeds; ctrl_dup in bf16 for seed 1). Every run is a
-plain `python train.py config/study_cpu.py --residual=... --seed=...` into study/runs/<budget>/<mode>_s<seed>;
-an interrupted run resumes from its checkpoint. Only config.json and log.jsonl are committed.
+A plan is a list of runs (config file, seed, overrides, out_dir), whole seeds first: seed 1 of every
+arm before seed 2, so that a study stopped anywhere has complete pairs. `run` starts each run as
+
+    LAUNCHER train.py CONFIG --seed=S --out_dir=DIR --init_from=auto OVERRIDES
+
+and so skips a finished run (without starting it), continues an interrupted one from its checkpoint,
+and starts a new one. A failed run stops the study with a message naming it and its log (DIR/train.out).
+SIGTERM, SIGUSR1 or Ctrl-C stop the study: the run in progress is told (SIGTERM), writes a checkpoint at
+its next log step and exits, and the study exits with code 75; the same command carries on. At the end,
+compare.py's paired tables of every run of the plan are written to one report file. A plan can also be
+a JSON file: a list of {"config", "seed", "out_dir", "overrides"} objects.
 """
 
+import argparse
 import glob
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass, field
 
 from common import atomic_write_text, read_log
+from configurator import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
-EARLY_ITERS = 100   # the early budget of the controls (the main budget is config/study_cpu.py's max_iters)
-NOISE_SEEDS = [1, 2, 3]
-# budget folder -> the arguments it adds to config/study_cpu.py
-BUDGETS = {'main': [], 'early': [f'--max_iters={EARLY_ITERS}'], 'early2': [f'--max_iters={EARLY_ITERS}'],
-           'early2_fp32': [f'--max_iters={EARLY_ITERS}', '--dtype=float32'], 'main_fp32': ['--dtype=float32']}
-PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
+EXIT_STOPPED = 75            # a run or the study stopped on a signal, checkpoint written: run it again
+EXTRA_PAIRS = [('rd_attnres', 'ctrl_heads')]   # compared side by side beyond each arm vs its parent
 
 
-def queue():
+@dataclass(frozen=True)
+class Run:
+    config: str                    # a config file, relative to the repository
+    seed: int
+    out_dir: str                   # relative to the study's root (--root)
+    overrides: tuple = field(default=())   # --key=value, after the config file
+
+    def argv(self, root, extra=()):
+        """train.py's arguments for this run."""
+        return [os.path.join(HERE, 'train.py'), os.path.join(HERE, self.config), f'--seed={self.seed}',
+                f'--out_dir={os.path.join(root, self.out_dir)}', '--init_from=auto', *self.overrides, *extra]
+
+
+# -----------------------------------------------------------------------------
+# The plans
+
+def paper_plan():
+    """The paper's study: five seeds x {baseline, attnres, rd} x {120m, 343m}, then the early-budget
+    controls at 120m (each with its own attnres and rd parents at that budget), five seeds each."""
     runs = []
     for seed in SEEDS:
-        runs += [('main', mode, seed) for mode in ('attnres', 'rd_attnres')]
-    runs += [('main', 'standard', seed) for seed in SEEDS]
+        runs += [Run(f'config/{arm}_{size}.py', seed, f'out/{arm}_{size}_s{seed}')
+                 for size in ('120m', '343m') for arm in ('baseline', 'attnres', 'rd')]
     for seed in SEEDS:
-        runs += [('early', mode, seed) for mode in ('attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')]
-    # Second set (README: "The second set"), on a rebuilt corpus: ctrl_mix with its own attnres
-    # parents, and the noise floor: attnres vs ctrl_dup in bf16 and in float32. Whole seeds first.
-    for seed in SEEDS:
-        runs += [('early2', 'attnres', seed), ('early2', 'ctrl_mix', seed)]
-    runs.append(('early2', 'ctrl_dup', 1))     # the bf16 reference of the noise floor on this corpus
-    for seed in NOISE_SEEDS[:2]:
-        runs += [('early2_fp32', 'attnres', seed), ('early2_fp32', 'ctrl_dup', seed)]
-    # Third set (README: "The third set"): float32 at the main budget, whole seeds first, so that an
-    # interrupted study still has complete triples; then the third seed of the float32 noise floor.
-    for seed in SEEDS:
-        runs += [('main_fp32', mode, seed) for mode in ('attnres', 'rd_attnres', 'ctrl_heads')]
-    runs += [('early2_fp32', 'attnres', NOISE_SEEDS[2]), ('early2_fp32', 'ctrl_dup', NOISE_SEEDS[2])]
+        runs += [Run(f'config/{arm}_120m_early.py', seed, f'out/{arm}_120m_early_s{seed}')
+                 for arm in ('attnres', 'rd', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')]
     return runs
 
 
-def run_dir(budget, mode, seed):
-    return os.path.join(HERE, 'study', 'runs', budget, f'{mode}_s{seed}')
+EARLY = ('--max_iters=100',)   # the early budget of the CPU study (its main budget: config/study_cpu.py)
 
+
+def cpu_plan():
+    """The paired study at CPU scale (README: "Results at CPU scale"), in the order it was run; every run
+    is config/study_cpu.py with its mode, into study/runs/<set>/<mode>_s<seed>.
+    First set: five seeds x {attnres, rd_attnres}, then standard, then attnres and the paper's three
+    controls at the early budget. Second set, on a rebuilt corpus: attnres parents at the early budget
+    (their ctrl_mix arms were run with a mode since removed; their logs are kept), then the noise floor,
+    attnres vs ctrl_dup in bf16 (seed 1) and float32. Third set: float32 at the main budget, five seeds x
+    {attnres, rd_attnres, ctrl_heads}; then the third seed of the float32 noise floor."""
+    def run(folder, mode, seed, *budget):
+        return Run('config/study_cpu.py', seed, f'study/runs/{folder}/{mode}_s{seed}', (f'--residual={mode}', *budget))
+    fp32 = ('--dtype=float32',)
+    runs = [run('main', mode, seed) for seed in SEEDS for mode in ('attnres', 'rd_attnres')]
+    runs += [run('main', 'standard', seed) for seed in SEEDS]
+    runs += [run('early', mode, seed, *EARLY) for seed in SEEDS
+             for mode in ('attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v')]
+    runs += [run('early2', 'attnres', seed, *EARLY) for seed in SEEDS]
+    runs += [run('early2', 'ctrl_dup', 1, *EARLY)]
+    runs += [run('early2_fp32', mode, seed, *EARLY, *fp32) for seed in (1, 2) for mode in ('attnres', 'ctrl_dup')]
+    runs += [run('main_fp32', mode, seed, *fp32) for seed in SEEDS for mode in ('attnres', 'rd_attnres', 'ctrl_heads')]
+    runs += [run('early2_fp32', mode, 3, *EARLY, *fp32) for mode in ('attnres', 'ctrl_dup')]
+    return runs
+
+
+# The time estimate's default assumptions per plan: (devices per run, peak FLOP/s of one, MFU). The paper's
+# on 8 H100 SXM (989 TFLOP/s bf16 dense) at 40%; the CPU study's is what its float32 runs reach on the
+# 2-core VM (about 2,000 tokens/s x 65 MFLOP per token = 130 GFLOP/s; bf16 is about 1.6x faster).
+ESTIMATE = {'paper': (8, 989e12, 0.4), 'cpu': (1, 130e9, 1.0)}
+# name -> (runs, report file relative to the root, where a folder's JSON and plots go)
+PLANS = {
+    'paper': (paper_plan, 'out/report.md', lambda folder: ('out/results.json', 'out/plots')),
+    'cpu': (cpu_plan, 'study/report.md',
+            lambda folder: (f'study/results_{os.path.basename(folder)}.json',
+                            'study/plots' + ('' if os.path.basename(folder) in ('main', 'early')
+                                             else '/' + os.path.basename(folder)))),
+}
+
+
+def load_plan(name):
+    """(runs, report file, outputs of a folder) of a named plan or of a JSON plan file."""
+    if name in PLANS:
+        runs, report_file, outputs = PLANS[name]
+        return runs(), report_file, outputs
+    if not name.endswith('.json'):
+        raise SystemExit(f"unknown plan {name!r}: choose one of {', '.join(PLANS)}, or give a JSON plan file")
+    try:
+        with open(name) as f:
+            rows = json.load(f)
+        runs = [Run(r['config'], int(r['seed']), r['out_dir'], tuple(r.get('overrides', ()))) for r in rows]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f"{name}: not a plan file (a JSON list of objects with config, seed, out_dir and "
+                         f"optionally overrides): {e}")
+    stem = os.path.splitext(os.path.basename(name))[0]
+    return runs, f'{stem}_report.md', lambda folder: (f'{folder}/results.json', f'{folder}/plots')
+
+
+# -----------------------------------------------------------------------------
+# Progress and the time estimate
 
 def is_finished(path):
+    """A run is finished when its log has the validation loss at its last step (max_iters)."""
     try:
         with open(os.path.join(path, 'config.json')) as f:
             max_iters = json.load(f)['max_iters']
         rows = read_log(os.path.join(path, 'log.jsonl'))
-        return any(r.get('step') == max_iters and 'val_loss' in r for r in rows)
-    except (OSError, ValueError, KeyError):
+        return any(r.get('step') == max_iters and 'val_loss' in r and not r.get('eval_only') for r in rows)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def logged_step(path):
+    """The last step in a run's log, or None if it has no log yet."""
+    try:
+        return max((r['step'] for r in read_log(os.path.join(path, 'log.jsonl')) if 'step' in r), default=None)
+    except (OSError, SystemExit):
+        return None
+
+
+def run_flops(run, extra=()):
+    """Training + evaluation FLOPs of a run, from its config (the model built on the meta device, no memory)."""
+    import torch
+    from model import GPT, GPTConfig
+    cfg = {k: v for k, v, _ in settings([os.path.join(HERE, run.config), *run.overrides, *extra])}
+    shape = {k: cfg[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
+             if k in cfg}
+    with torch.device('meta'):
+        model = GPT(GPTConfig(**shape))
+    train_tokens = cfg['max_iters'] * cfg['total_batch_size']
+    evals = cfg['max_iters'] // cfg.get('eval_interval', 250) + 1
+    eval_tokens = evals * cfg.get('eval_tokens', 10_485_760)
+    per_token = model.flops_per_token()
+    return per_token * train_tokens + per_token / 3 * eval_tokens   # an evaluation is a forward pass
+
+
+def format_hours(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def dry_run(name, root, args, extra):
+    runs = load_plan(name)[0]
+    gpus, peak, mfu = (given if given is not None else default for given, default in
+                       zip((args.gpus, args.peak_flops, args.mfu), ESTIMATE.get(name, ESTIMATE['paper'])))
+    total = pending = 0.0
+    print(f"{len(runs)} runs; time estimated from FLOPs at {gpus} x {peak / 1e12:g} TFLOP/s x {100 * mfu:g}% MFU "
+          "(an estimate, not a measurement; --gpus, --peak_flops, --mfu change it)")
+    for i, run in enumerate(runs, 1):
+        path = os.path.join(root, run.out_dir)
+        seconds = run_flops(run, extra) / (gpus * peak * mfu)
+        total += seconds
+        if is_finished(path):
+            state = 'done'
+        else:
+            pending += seconds
+            step = logged_step(path)
+            state = ('to run' if step is None else f'continues from its checkpoint (logged up to step {step})'
+                     if os.path.exists(os.path.join(path, 'ckpt.pt')) else 'starts again (no checkpoint yet)')
+        print(f"{i:3d}. {run.config} seed {run.seed} {' '.join(run.overrides)} -> {run.out_dir}: {state}, "
+              f"~{format_hours(seconds)}")
+    print(f"estimated: {format_hours(total)} in all, {format_hours(pending)} still to run")
+
+
+# -----------------------------------------------------------------------------
+# Running a plan
+
+class Stop:
+    """Takes note of a stop signal and passes it on, once, to the run in progress as SIGTERM. The run is
+    started in a session of its own, so a signal to the terminal's process group (Ctrl-C) reaches only
+    this process, which decides what the run gets; under SLURM, which signals every process of a job
+    step, the run may get it twice, which train.py and torchrun both take as one."""
+
+    def __init__(self):
+        self.signal, self.child = None, None
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame):
+        self.signal = self.signal or signal.Signals(signum).name
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+
+
+def launch(run, root, launcher, extra, index, stop):
+    """Run one run to its end (or its checkpoint after a signal); its output is appended to train.out."""
+    path = os.path.join(root, run.out_dir)
+    os.makedirs(path, exist_ok=True)
+    cmd = shlex.split(launcher.replace('{index}', str(index))) + run.argv(root, extra)
+    with open(os.path.join(path, 'train.out'), 'a') as out:
+        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.flush()
+        stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, start_new_session=True)
+        if stop.signal:                   # a signal that came while the run was being started
+            stop.child.send_signal(signal.SIGTERM)
+        code = stop.child.wait()
+        stop.child = None
+    return code
+
+
+def tail(path, n=15):
+    try:
+        with open(path, errors='replace') as f:
+            return ''.join(f.readlines()[-n:])
+    except OSError:
+        return ''
+
+
+def run_plan(name, root, launcher, extra, report_after=True):
+    runs, report_file, _ = load_plan(name)
+    stop = Stop()
+    for i, run in enumerate(runs, 1):
+        path = os.path.join(root, run.out_dir)
+        where = f"[{i}/{len(runs)}] {run.config} seed {run.seed} {' '.join(run.overrides)} -> {path}"
+        if is_finished(path):
+            print(f"{where}: done already", flush=True)
+            continue
+        if stop.signal:
+            break
+        print(f"{where}: running (log: {os.path.join(path, 'train.out')})", flush=True)
+        code = launch(run, root, launcher, extra, i, stop)
+        if stop.signal or code == EXIT_STOPPED:
+            stopped(where, stop.signal, path)
+        if code != 0 or not is_finished(path):
+            log = os.path.join(path, 'train.out')
+            print(tail(log), file=sys.stderr)
+            raise SystemExit(f"study stopped: run {where} failed (exit code {code}); its log: {log}. Fix the cause and "
+                             "run the same command again: finished runs are skipped, this one continues.")
+    if stop.signal:
+        stopped('between two runs', stop.signal, root)
+    print(f"study {name}: all {len(runs)} runs finished", flush=True)
+    if report_after:
+        report(name, root)
+    return 0
+
+
+def stopped(where, signal_name, path):
+    print(f"study stopped by {signal_name or 'a signal to the run'} at {where}; the last checkpoint is in {path}. "
+          f"Run the same command again to carry on. Exit code {EXIT_STOPPED}.", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_STOPPED)
+
+
+# -----------------------------------------------------------------------------
+# The report: compare.py's paired tables of every run of the plan, in one file
+
+def report(name, root='.', plots=True):
+    import compare
+    runs, report_file, outputs = load_plan(name)
+    folders = list(dict.fromkeys(os.path.dirname(r.out_dir) for r in runs))
+    sections = [f"# Study `{name}`: paired results\n\n(python study.py report {name}; tables by compare.py, "
+                f"Δ = NLL(arm) − NLL(base), validation NLL at the last step)\n"]
+    for folder in folders:
+        loaded = [r for r in map(compare.load_run, sorted(glob.glob(os.path.join(root, folder, '*')))) if r]
+        results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
+        sections.append(f"## {folder}\n")
+        sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
+        if refused:
+            sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
+        json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
+        if results:
+            atomic_write_text(json_path, json.dumps(results, indent=2))
+            if plots:
+                compare.plot(results, groups, plot_dir)
+    text = '\n'.join(sections)
+    atomic_write_text(os.path.join(root, report_file), text)
+    print(text)
+    print(f"wrote {os.path.join(root, report_file)}")
+    return 0
+
+
+# -----------------------------------------------------------------------------
+# The CPU study's corpus: real English text that ships in Debian packages
+
+PY_DOCS = '/usr/share/doc/python3.11/html/_sources'
 
 
 def kjv_chapters():
@@ -94,42 +330,46 @@ def corpus():
     print(f"{path}: {len(docs)} Python documentation pages + {len(bible)} Bible chapters")
     subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input', path, '--name', 'study',
                     '--val_fraction', '0.05', '--data_dir', os.path.join(HERE, 'data')], check=True)
+    return 0
 
 
-def run_all():
-    for budget, mode, seed in queue():
-        path = run_dir(budget, mode, seed)
-        if is_finished(path):
-            print(f"done already: {path}", flush=True)
-            continue
-        args = [sys.executable, os.path.join(HERE, 'train.py'), os.path.join(HERE, 'config', 'study_cpu.py'),
-                f'--residual={mode}', f'--seed={seed}', f'--out_dir={path}', *BUDGETS[budget]]
-        if os.path.exists(os.path.join(path, 'ckpt.pt')):
-            args.append('--init_from=resume')
-        elif os.path.exists(os.path.join(path, 'log.jsonl')):
-            args.append('--overwrite=True')  # killed before its first checkpoint: start it again
-        print(f"running: {' '.join(args[2:])}", flush=True)
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, 'train.out'), 'a') as log:
-            subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=HERE)
-
-
-def report():
-    import compare
-    out = os.path.join(HERE, 'study')
-    for budget in BUDGETS:
-        runs = glob.glob(os.path.join(out, 'runs', budget, '*'))
-        if not runs:
-            continue
-        # the first set's plots sit in study/plots/, the second set's in study/plots/<budget>/ (same run names)
-        plots = os.path.join(out, 'plots', *([] if budget in ('main', 'early') else [budget]))
-        argv = runs + ['--json', os.path.join(out, f'results_{budget}.json'), '--plot', plots]
-        print(f"## {budget} budget\n")
-        compare.main(argv)
+def main(argv):
+    ap = argparse.ArgumentParser(prog='study.py', description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest='command', required=True)
+    sub.add_parser('list', help='the plans')
+    for command in ('run', 'report'):
+        p = sub.add_parser(command, help=f'{command} a plan')
+        p.add_argument('plan', help=f"{', '.join(PLANS)}, or a JSON plan file")
+        p.add_argument('--root', default='.', help="the folder the plan's out_dirs and report are relative to")
+    run_ap = sub.choices['run']
+    run_ap.add_argument('--launcher', default=shlex.quote(sys.executable),
+                        help="what starts train.py, e.g. 'torchrun --standalone --nproc_per_node=8'; "
+                             "{index} is replaced by the run's number (e.g. for a rendezvous id)")
+    run_ap.add_argument('--extra', default='', help="overrides added to every run, e.g. '--compile=False'")
+    run_ap.add_argument('--dry_run', action='store_true', help='list the queue, what is done, and a time estimate')
+    run_ap.add_argument('--gpus', type=int, help='for the estimate: devices per run (paper: 8)')
+    run_ap.add_argument('--peak_flops', type=float, help='for the estimate: peak FLOP/s of one (paper: 989e12, H100 SXM bf16)')
+    run_ap.add_argument('--mfu', type=float, help='for the estimate: the model FLOPs utilisation assumed (paper: 0.4)')
+    run_ap.add_argument('--no_report', action='store_true', help='do not write the report at the end (e.g. on nodes > 0)')
+    sub.choices['report'].add_argument('--no_plots', action='store_true')
+    sub.add_parser('corpus', help="build the CPU study's corpus from Debian's packages")
+    args = ap.parse_args(argv)
+    if args.command == 'list':
+        for name, (runs, report_file, _) in PLANS.items():
+            print(f"{name}: {len(runs())} runs, report {report_file}. {(runs.__doc__ or '').split(chr(10))[0]}")
+        return 0
+    if args.command == 'corpus':
+        return corpus()
+    root = os.path.abspath(args.root)
+    if args.command == 'report':
+        return report(args.plan, root, plots=not args.no_plots)
+    extra = shlex.split(args.extra)
+    if args.dry_run:
+        dry_run(args.plan, root, args, extra)
+        return 0
+    return run_plan(args.plan, root, args.launcher, extra, report_after=not args.no_report)
 
 
 if __name__ == '__main__':
-    commands = {'corpus': corpus, 'run': run_all, 'report': report}
-    if len(sys.argv) != 2 or sys.argv[1] not in commands:
-        raise SystemExit(f"usage: python study.py {{{'|'.join(commands)}}}")
-    commands[sys.argv[1]]()
+    sys.exit(main(sys.argv[1:]))

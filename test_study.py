@@ -1,42 +1,160 @@
-"""Tests of the study driver: the order of the runs, skipping finished runs, resuming interrupted ones."""
+"""Tests of study.py (plans, the runner, the report) and scripts/slurm_study.sh, in miniature on the CPU:
+real train.py runs of a tiny model on the built-in corpus, stopped by signals as a cluster would."""
 
 import json
 import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
 
 import study
+from test_preempt import assert_same_run, logged_steps
+from test_train import HERE, TINY
+
+MINI = [*TINY, '--max_iters=20', '--lr_decay_iters=20', '--eval_interval=10', '--log_interval=5']
 
 
-def test_queue_completes_pairs_first_then_standard_then_the_controls():
-    q = study.queue()
-    assert q[:4] == [('main', 'attnres', 1), ('main', 'rd_attnres', 1), ('main', 'attnres', 2), ('main', 'rd_attnres', 2)]
-    assert [m for _, m, _ in q[10:15]] == ['standard'] * 5
-    assert {m for b, m, _ in q[15:35]} == {'attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v'}
-    assert all(b == 'early' for b, _, _ in q[15:35])
-    assert q[35:45] == [('early2', m, s) for s in (1, 2, 3, 4, 5) for m in ('attnres', 'ctrl_mix')]
-    assert q[45:] == [('early2', 'ctrl_dup', 1)] + [('early2_fp32', m, s) for s in (1, 2, 3) for m in ('attnres', 'ctrl_dup')]
-    assert len(q) == 35 + 10 + 7 and len(set(q)) == len(q)
+def test_paper_plan_runs_whole_seeds_first():
+    runs = study.paper_plan()
+    assert len(runs) == 5 * 3 * 2 + 5 * 6 and len({r.out_dir for r in runs}) == len(runs)
+    assert all(os.path.exists(os.path.join(HERE, r.config)) for r in runs)
+    headline, early = runs[:30], runs[30:]
+    for seed in range(1, 6):   # seed s of every arm and size before seed s + 1
+        assert {r.seed for r in headline[6 * (seed - 1):6 * seed]} == {seed}
+        assert {r.seed for r in early[6 * (seed - 1):6 * seed]} == {seed}
+    assert {r.config for r in headline[:6]} == {f'config/{a}_{s}.py' for a in ('baseline', 'attnres', 'rd')
+                                                 for s in ('120m', '343m')}
+    assert {os.path.basename(r.config) for r in early[:6]} == {
+        f'{a}_120m_early.py' for a in ('attnres', 'rd', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')}
 
 
-def test_restart_skips_finished_runs_and_resumes_interrupted_ones(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, 'HERE', str(tmp_path))
-    done = study.run_dir('main', 'attnres', 1)
-    os.makedirs(done)
-    json.dump(dict(max_iters=200), open(os.path.join(done, 'config.json'), 'w'))
-    with open(os.path.join(done, 'log.jsonl'), 'w') as f:
-        f.write(json.dumps(dict(step=200, val_loss=5.0)) + '\n')
-    half = study.run_dir('main', 'rd_attnres', 1)
-    os.makedirs(half)
-    json.dump(dict(max_iters=200), open(os.path.join(half, 'config.json'), 'w'))
-    with open(os.path.join(half, 'log.jsonl'), 'w') as f:
-        f.write(json.dumps(dict(step=100, val_loss=5.5)) + '\n')
-    open(os.path.join(half, 'ckpt.pt'), 'w').close()
+def test_cpu_plan_is_the_study_that_was_run():
+    runs = study.cpu_plan()
+    committed = {os.path.relpath(p, HERE) for p in
+                 [os.path.dirname(c) for c in __import__('glob').glob(os.path.join(HERE, 'study/runs/*/*/config.json'))]}
+    planned = {r.out_dir for r in runs}
+    # every committed run is in the plan, except the removed ctrl_mix mode's
+    assert {p for p in committed if 'ctrl_mix' not in p} <= planned
+    third = [r for r in runs if '/main_fp32/' in r.out_dir]
+    assert [(r.seed, r.overrides[0]) for r in third[:3]] == [(1, f'--residual={m}') for m in
+                                                            ('attnres', 'rd_attnres', 'ctrl_heads')]
+    assert all('--dtype=float32' in r.overrides for r in third) and len(third) == 15
 
-    calls = []
-    monkeypatch.setattr(study.subprocess, 'run', lambda args, **kw: calls.append(args))
-    study.run_all()
-    assert study.is_finished(done) and not study.is_finished(half)
-    assert f'--out_dir={done}' not in [a[5] for a in calls]            # finished: skipped
-    assert calls[0][3:5] == ['--residual=rd_attnres', '--seed=1'] and calls[0][-1] == '--init_from=resume'
-    assert len(calls) == len(study.queue()) - 1
-    early = [a for a in calls if f'--max_iters={study.EARLY_ITERS}' in a]
-    assert len(early) == 20 + 17 and sum('--dtype=float32' in a for a in calls) == 6
+
+def test_dry_run_lists_the_queue_and_estimates_the_time(capsys, tmp_path):
+    assert study.main(['run', 'paper', '--dry_run', '--root', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert '60 runs' in out and out.count(': to run') == 60 and '8 x 989 TFLOP/s x 40% MFU' in out
+    # the estimate is the FLOP count over the throughput: 120m, 3815 steps of 2^19 tokens + 16 evaluations
+    from model import GPT, GPTConfig
+    import torch
+    with torch.device('meta'):
+        per_token = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, residual='standard')).flops_per_token()
+    seconds = (per_token * 3815 * 2 ** 19 + per_token / 3 * 16 * 10485760) / (8 * 989e12 * 0.4)
+    assert f"-> out/baseline_120m_s1: to run, ~{seconds / 60:.0f} min" in out
+
+
+def mini_plan(path, runs):
+    data = json.dumps([dict(config='config/quickstart.py', seed=seed, out_dir=f'runs/{mode}_s{seed}',
+                            overrides=[f'--residual={mode}', *MINI, *extra]) for mode, seed, *extra in runs])
+    with open(path, 'w') as f:
+        f.write(data)
+    return str(path)
+
+
+def study_cmd(plan, root, data_dir, *more):
+    return [sys.executable, os.path.join(HERE, 'study.py'), 'run', plan, '--root', str(root),
+            f'--extra=--data_dir={data_dir}', *more]
+
+
+ENV = dict(os.environ, OMP_NUM_THREADS='1')
+
+
+def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
+    plan = mini_plan(tmp_path / 'mini.json', [('attnres', 1), ('rd_attnres', 1), ('attnres', 2), ('rd_attnres', 2)])
+    whole, cut = tmp_path / 'whole', tmp_path / 'cut'
+    p = subprocess.run(study_cmd(plan, whole, data_dir), capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # the same study, SIGTERM to study.py while its second run trains
+    proc = subprocess.Popen(study_cmd(plan, cut, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    second = str(cut / 'runs' / 'rd_attnres_s1')
+    deadline = time.time() + 300
+    while not logged_steps(second):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == study.EXIT_STOPPED and 'study stopped by SIGTERM' in err, err[-2000:]
+    assert 0 < max(logged_steps(second)) < 20 and not os.path.exists(cut / 'runs' / 'attnres_s2')
+    p = subprocess.run(study_cmd(plan, cut, data_dir), capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert 'done already' in p.stdout and 'all 4 runs finished' in p.stdout
+    for run in ('attnres_s1', 'rd_attnres_s1', 'attnres_s2', 'rd_attnres_s2'):
+        assert_same_run(str(whole / 'runs' / run), str(cut / 'runs' / run))
+    report = (cut / 'mini_report.md').read_text()
+    assert '### rd_attnres vs attnres' in report and '| 2 |' in report
+    # run once more: everything is finished, nothing is started
+    p = subprocess.run(study_cmd(plan, cut, data_dir, '--no_report'), capture_output=True, text=True, env=ENV,
+                       timeout=600)
+    assert p.returncode == 0 and p.stdout.count('done already') == 4
+
+
+def test_a_failing_run_stops_the_study_naming_it(data_dir, tmp_path):
+    plan = mini_plan(tmp_path / 'bad.json', [('attnres', 1), ('attnres', 2, '--n_head=3'), ('attnres', 3)])
+    p = subprocess.run(study_cmd(plan, tmp_path, data_dir), capture_output=True, text=True, env=ENV, timeout=600)
+    log = tmp_path / 'runs' / 'attnres_s2' / 'train.out'
+    assert p.returncode == 1 and 'run [2/3]' in p.stderr and str(log) in p.stderr, p.stderr[-2000:]
+    assert 'n_embd=32 must be divisible by n_head=3' in log.read_text()
+    assert not os.path.exists(tmp_path / 'runs' / 'attnres_s3')
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/slurm_study.sh, with stand-ins for srun and scontrol
+
+SLURM = os.path.join(HERE, 'scripts', 'slurm_study.sh')
+
+
+def fake_slurm(tmp_path, srun_body):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    tools = {'scontrol': 'if [ "$1" = show ]; then printf "%s\\n" $FAKE_NODES; else echo "$@" >> "$CALLS"; fi',
+             'srun': srun_body}
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f'#!/usr/bin/env bash\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    return dict(ENV, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / 'calls'), SLURM_JOB_ID='4242',
+                SLURM_JOB_NODELIST='node[1-2]', SLURM_SUBMIT_DIR=HERE, FAKE_NODES='node1 node2', SLURM_NNODES='2')
+
+
+@pytest.mark.parametrize('code, requeued, exit_code', [(75, True, 0), (0, False, 0), (1, False, 1)])
+def test_slurm_script_builds_the_launcher_and_requeues_after_a_stop(tmp_path, code, requeued, exit_code):
+    assert subprocess.run(['bash', '-n', SLURM]).returncode == 0
+    # srun records what it was asked to run and ends as the study would have
+    env = fake_slurm(tmp_path, f'printf "%s\\n" "$@" > "{tmp_path}/srun_args"; exit {code}')
+    p = subprocess.run(['bash', SLURM], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == exit_code, p.stdout + p.stderr
+    args = (tmp_path / 'srun_args').read_text()
+    for part in ('--nnodes=2', '--nproc_per_node=8', '--rdzv_endpoint=node1:29500', '--rdzv_id=4242_{index}',
+                 'SIGUSR1', 'python study.py run'):
+        assert part in args, args
+    calls = (tmp_path / 'calls').read_text() if os.path.exists(tmp_path / 'calls') else ''
+    assert ('requeue 4242' in calls) == requeued
+
+
+def test_slurm_script_runs_a_plan_through_torchrun(data_dir, tmp_path):
+    # srun on one node: run the task command here (drop srun's own options); torchrun's c10d rendezvous on
+    # localhost with one CPU process per "node"
+    plan = mini_plan(tmp_path / 'one.json', [('rd_attnres', 1)])
+    env = fake_slurm(tmp_path, 'while [[ "$1" == -* ]]; do shift; done; SLURM_NODEID=0 exec "$@"')
+    env.update(FAKE_NODES='localhost', SLURM_NNODES='1', GPUS_PER_NODE='1', PORT='29517', PLAN=plan,
+               STUDY_ARGS=f'--root={tmp_path} --extra=--data_dir={data_dir}')
+    p = subprocess.run(['bash', SLURM], capture_output=True, text=True, env=env, timeout=600, cwd=HERE)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    run_dir = tmp_path / 'runs' / 'rd_attnres_s1'
+    assert json.load(open(run_dir / 'config.json'))['world_size'] == 1 and study.is_finished(str(run_dir))
+    assert 'torchrun' in (run_dir / 'train.out').read_text()
