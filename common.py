@@ -17,17 +17,19 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import warnings
 
 import numpy as np
 
 # the model's shape: a checkpoint can only be loaded into a model built from these
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
-# what decides the model, the data order or the schedule: a resumed run must not change them, and the
-# two arms of a pair must agree on all of them but `residual` (compare.py)
+# what decides what a run's numbers mean (the model, the data and its order, the schedule, the precision,
+# the evaluation set): a resumed run must not change them, and the two arms of a pair must agree on all of
+# them but `residual` (compare.py). README "Resume" lists the keys that may change.
 FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size', 'lr_decay_iters',
                                  'warmup_iters', 'learning_rate', 'min_lr_ratio', 'weight_decay', 'beta1',
-                                 'beta2', 'grad_clip')
+                                 'beta2', 'grad_clip', 'dtype_resolved', 'eval_tokens')
 
 
 def schedule_length(cfg):
@@ -178,22 +180,84 @@ def content_digest(obj):
     return h.hexdigest()
 
 
-def save_checkpoint(obj, path):
-    """torch.save with a checksum of the content, to a temporary name, then renamed."""
+def rng_states():
+    """The RNG states of torch, numpy and Python as tensors and plain values, so that a checkpoint loads
+    with torch.load(weights_only=True): numpy's own state is a tuple holding an array."""
+    import random
     import torch
-    torch.save(dict(obj, sha256=content_digest(obj)), path + '.tmp')
-    os.replace(path + '.tmp', path)
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return dict(torch=torch.get_rng_state(), python=random.getstate(),
+                numpy=[name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)])
+
+
+def set_rng_states(states):
+    import random
+    import torch
+    torch.set_rng_state(states['torch'])
+    name, keys, pos, has_gauss, cached = states['numpy']
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys     # (older checkpoints: an array)
+    np.random.set_state((name, keys.astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states['python']
+    random.setstate((version, tuple(internal), gauss))
+
+
+def tensor_bytes(obj):
+    """The bytes of all tensors in a nested structure: about the size of its checkpoint file."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def save_checkpoint(obj, path):
+    """torch.save with a checksum of the content, to a temporary name, then renamed. A write that fails
+    (a full disk) removes the partial file, keeps the previous checkpoint, and says how much space it needs."""
+    import torch
+    tmp = path + '.tmp'
+    try:
+        torch.save(dict(obj, sha256=content_digest(obj)), tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:   # torch.save reports a failed write as a RuntimeError
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        folder = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(folder).free
+        reason = getattr(e, 'strerror', None) or str(e).strip().splitlines()[-1]
+        raise SystemExit(f"could not write the checkpoint {path} ({reason}; {written / 1e6:,.1f} MB were written "
+                         f"before it failed). The partial file was removed and the previous checkpoint, if any, is "
+                         f"kept. A checkpoint of this run needs about {tensor_bytes(obj) / 1e6:,.0f} MB; {folder} has "
+                         f"{free / 1e6:,.0f} MB free. Make room, then continue with --init_from=auto.") from None
 
 
 def load_checkpoint(path):
     """Load a checkpoint onto the CPU (the caller moves what it needs) and verify its checksum.
-    A damaged file is an error that leaves the file as it is."""
+    Only tensors and plain values are loaded (weights_only=True): a file that holds other Python
+    objects, which unpickling could run as code, is refused before anything in it runs. A damaged
+    file is an error that leaves the file as it is."""
+    import pickle
     import torch
+    # older checkpoints kept numpy's RNG state as a uint32 array: its reconstruction is allowed, nothing else
+    legacy = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        with torch.serialization.safe_globals(legacy):
+            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = next((line.strip() for line in str(e).splitlines() if 'GLOBAL' in line or 'Unsupported' in line),
+                    str(e).splitlines()[0])
+        raise SystemExit(f"{path} was refused: it holds Python objects other than tensors and plain values "
+                         f"({what}), and loading those could run code. Nothing in it was run. A checkpoint written by "
+                         "train.py never holds such objects: do not load this file unless you know where it came from."
+                         ) from None
     except Exception as e:  # truncated, or damaged where the zip/pickle structure notices
         raise SystemExit(f"{path} cannot be read ({type(e).__name__}: {e}); the file is damaged and was left "
                          "as it is. Resume from a copy, or start the run again in another out_dir.") from None
+    if not isinstance(ckpt, dict):
+        raise SystemExit(f"{path} is not a checkpoint of train.py (a {type(ckpt).__name__}, not a dict)")
     stored = ckpt.pop('sha256', None)
     if stored is None:
         warnings.warn(f"{path} has no checksum (written by an older train.py): not verified")

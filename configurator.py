@@ -4,6 +4,8 @@ nanoGPT-style configuration: a script keeps its defaults as globals, then
     python train.py config/rd_120m.py --batch_size=8 --compile=False
 
 runs the config file (plain Python assignments) and applies --key=value overrides on top.
+A config file is Python and runs as code, as in nanoGPT: run only config files you trust. A
+--key=value override is parsed (ast.literal_eval), never run.
 Unlike nanoGPT's exec() version this one is a function, and it is strict: every key must already
 exist among the defaults (an unknown key names the closest valid ones), and every value must have
 the default's type (an int may stand where a float is expected).
@@ -11,6 +13,7 @@ the default's type (an int may stand where a float is expected).
 
 import ast
 import difflib
+import traceback
 
 
 def _check(key, value, defaults, where):
@@ -39,7 +42,15 @@ def settings(argv, defaults=None):
             except OSError as e:
                 raise SystemExit(f"cannot read config file {arg!r}: {e.strerror}")
             scope = {}
-            exec(compile(source, arg, 'exec'), {}, scope)
+            try:   # a config file is Python, run as code, as in nanoGPT: run only files you trust
+                exec(compile(source, arg, 'exec'), {}, scope)
+            except SyntaxError as e:
+                raise SystemExit(f"{arg}, line {e.lineno}: {e.msg} (a config file holds Python assignments, "
+                                 "e.g. n_layer = 12)") from None
+            except Exception as e:
+                line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__))
+                             if f.filename == arg), '?')
+                raise SystemExit(f"{arg}, line {line}: {type(e).__name__}: {e}") from None
             for key, value in scope.items():
                 if not key.startswith('_'):
                     yield key, value, arg

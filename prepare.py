@@ -32,6 +32,7 @@ MAGIC, VERSION = 20261130, 1
 HEADER_INTS = 16
 HEADER_BYTES = HEADER_INTS * 8
 EOT = 50256  # GPT-2's <|endoftext|>
+VOCAB_SIZE = 50257  # GPT-2's token ids are 0 .. 50256
 
 DEFAULTS = {  # dataset -> defaults that depend on it
     'fineweb-edu': dict(name='fineweb_edu', max_tokens=2_100_000_000, val_tokens=10_000_000, val_fraction=0.005),
@@ -74,7 +75,42 @@ def read_tokens(path):
     return np.memmap(path, dtype=np.uint16, mode='r', offset=HEADER_BYTES, shape=(n,))
 
 
-def read_dataset(data_dir, name):
+def build_id(train_digest, val_digest):
+    """A build's data_id: a hash of both files' tokens (the same corpus and arguments give the same id)."""
+    digest = hashlib.sha256(train_digest + val_digest).digest()
+    return int.from_bytes(digest[:8], 'little', signed=True) or 1
+
+
+def token_digest(path, chunk=1 << 26):
+    """(SHA-256 of a token file's tokens, its largest token id), in one pass over the file."""
+    h, top = hashlib.sha256(), 0
+    with open(path, 'rb') as f:
+        f.seek(HEADER_BYTES)
+        while block := f.read(chunk):
+            h.update(block)
+            top = max(top, int(np.frombuffer(block, dtype='<u2').max()))
+    return h.digest(), top
+
+
+def verify_tokens(paths, data_id, vocab_size=VOCAB_SIZE):
+    """Check the tokens themselves against the build's data_id and the vocabulary: a flipped byte in a
+    .bin (which its header cannot show) would otherwise train silently, or crash deep in the model with
+    a token id past the embedding. Returns None, or what is wrong. Cost: one read of both files, about
+    a second per GB (README, "What is guaranteed")."""
+    digests = []
+    for path in paths:
+        digest, top = token_digest(path)
+        if top >= vocab_size:
+            return (f"{path} holds token id {top}, outside the GPT-2 vocabulary of {vocab_size}: the file is damaged; "
+                    "run prepare.py again with --force")
+        digests.append(digest)
+    if build_id(*digests) != data_id:
+        return (f"the tokens of {paths[0]} and {paths[1]} do not match their data_id {data_id}: a file was changed "
+                "after prepare.py wrote it (a flipped byte, an edit); run prepare.py again with --force")
+    return None
+
+
+def read_dataset(data_dir, name, verify=True):
     """(train tokens, val tokens, data_id) of data/<name>, checked to be one build: both files carry the
     data_id of the build that wrote them (a hash of their contents), so a train.bin of one build next
     to a val.bin of another is refused instead of silently mixing two corpora."""
@@ -89,9 +125,23 @@ def read_dataset(data_dir, name):
     except ValueError as e:
         raise SystemExit(str(e)) from None
     if train_id != val_id:
-        raise SystemExit(f"{paths[0]} and {paths[1]} come from two different builds (data_id {train_id} vs "
-                         f"{val_id}: a prepare.py run was interrupted between its renames); run prepare.py again")
+        raise SystemExit(f"{paths[0]} and {paths[1]} carry different data_ids ({train_id} vs {val_id}): two "
+                         f"builds (a prepare.py run interrupted between its renames: {meta_id_says(data_dir, name)}), "
+                         "or a damaged header; run prepare.py again with --force")
+    problem = verify_tokens(paths, train_id) if verify else None
+    if problem:
+        raise SystemExit(problem)
     return read_tokens(paths[0]), read_tokens(paths[1]), train_id
+
+
+def meta_id_says(data_dir, name):
+    """Which of the two files meta.json's data_id agrees with, for the message."""
+    try:
+        with open(os.path.join(data_dir, name, 'meta.json')) as f:
+            meta_id = json.load(f).get('data_id')
+    except (OSError, ValueError):
+        return "meta.json cannot be read"
+    return f"meta.json names data_id {meta_id}"
 
 
 class TokenWriter:
@@ -190,20 +240,24 @@ def file_rows(path, kind, column):
         except UnicodeDecodeError as e:
             raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     elif kind == 'json':  # JSON Lines: one object per line
-        number = 0
-        try:
-            with open(path, encoding='utf-8') as f:
-                for number, line in enumerate(f, 1):
-                    if line.strip():
-                        row = json.loads(line)
-                        if not isinstance(row, dict):
-                            raise InputError(f"{path}, line {number}: expected a JSON object per line, "
-                                             f"got {type(row).__name__}")
-                        yield number, row.get(column)
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}, line {number + 1}: not UTF-8 text ({e.reason})") from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
+        # read as bytes and decode line by line: a text reader decodes ahead, and would name the wrong line
+        with open(path, 'rb') as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode('utf-8')
+                except UnicodeDecodeError as e:
+                    raise InputError(f"{path}, line {number}: not UTF-8 text ({e.reason} at byte {e.start} of "
+                                     "the line)") from None
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{path}, line {number}: expected a JSON object per line, "
+                                     f"got {type(row).__name__}")
+                yield number, text_value(row.get(column), path, f"line {number}", column)
     else:
         import pyarrow.parquet as pq
         try:
@@ -215,11 +269,18 @@ def file_rows(path, kind, column):
             for batch in table.iter_batches(batch_size=1024, columns=[column]):
                 for text in batch.column(0).to_pylist():
                     number += 1
-                    yield number, text
+                    yield number, text_value(text, path, f"row {number}", column)
         except InputError:
             raise
         except Exception as e:
             raise InputError(f"{path}: could not read it as Parquet ({type(e).__name__}: {e})") from None
+
+
+def text_value(value, path, where, column):
+    """A row's text: a string, or None when the row has none. Anything else is an error naming the row."""
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError(f"{path}, {where}: {column!r} is a {type(value).__name__} ({str(value)[:40]!r}), not text")
 
 
 class LocalDocuments:
@@ -234,16 +295,27 @@ class LocalDocuments:
         self.missing, self.first_missing = 0, None
         self.check_first_row()
 
-    def check_first_row(self):
+    def check_first_row(self, look=1000):
+        """A wrong --text_column is said at once, not after a whole pass: if none of the first rows has the
+        column (a row or two without it are the missing rows of the end, or --skip_missing_text's)."""
+        seen = 0
         for path in self.files:
             for _, text in file_rows(path, self.kind, self.column):
-                if text is None and self.kind == 'json':
-                    with open(path, encoding='utf-8') as f:
-                        keys = sorted(json.loads(next(line for line in f if line.strip())))
-                    raise InputError(f"--input {self.pattern!r} has no column {self.column!r}; its columns are "
-                                     f"{keys}: pass the right one with --text_column")
-                return
-        raise InputError(f"--input {self.pattern!r}: the files hold no documents")
+                if text is not None:
+                    return
+                seen += 1
+                if seen >= look:
+                    break
+            if seen >= look:
+                break
+        if seen == 0:
+            raise InputError(f"--input {self.pattern!r}: the files hold no documents")
+        if self.kind == 'json':
+            with open(self.files[0], encoding='utf-8', errors='replace') as f:
+                keys = sorted(json.loads(next(line for line in f if line.strip())))
+            raise InputError(f"--input {self.pattern!r} has no column {self.column!r} in its first {seen} rows; "
+                             f"its columns are {keys}: pass the right one with --text_column")
+        raise InputError(f"--input {self.pattern!r}: the first {seen} documents are empty")
 
     def __iter__(self):
         for path in self.files:
@@ -258,8 +330,17 @@ class LocalDocuments:
                              "fix the input, or pass --skip_missing_text to leave them out")
 
     def fingerprint(self):
-        """What 'the same input' means for a rebuild: each file's path, size and modification time."""
-        return [[os.path.abspath(f), os.path.getsize(f), os.stat(f).st_mtime_ns] for f in self.files]
+        """What 'the same input' means for a rebuild: each file's path, size and a hash of its content (not
+        its modification time, which an edit can leave as it was)."""
+        return [[os.path.abspath(f), os.path.getsize(f), file_sha256(f)] for f in self.files]
+
+
+def file_sha256(path, chunk=1 << 24):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 # -----------------------------------------------------------------------------
@@ -364,9 +445,7 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
             raise InputError(f"not enough text: {train.n} train and {val.n} val tokens from "
                              f"{stats['train_docs'] + stats['val_docs']} non-empty documents; add documents "
                              "or raise --val_fraction")
-        # the build's id: a hash of both files' tokens (the same corpus and arguments give the same id)
-        digest = hashlib.sha256(train.digest.digest() + val.digest.digest()).digest()
-        data_id = int.from_bytes(digest[:8], 'little', signed=True) or 1
+        data_id = build_id(train.digest.digest(), val.digest.digest())
         train.finish(data_id)
         val.finish(data_id)
         train.commit()
@@ -391,15 +470,22 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
 
 
 def built_from(out_dir):
-    """meta.json of a complete build in out_dir, or None: meta.json exists and both bins are valid and
-    carry the data_id it names (a build interrupted between its renames is not complete)."""
+    """meta.json of a complete build in out_dir, or None: meta.json exists, both bins are valid, carry the
+    data_id it names (a build interrupted between its renames is not complete) and their tokens match it."""
+    paths = [os.path.join(out_dir, f'{split}.bin') for split in ('train', 'val')]
     try:
         with open(os.path.join(out_dir, 'meta.json')) as f:
             meta = json.load(f)
-        ids = {read_header(os.path.join(out_dir, f'{split}.bin'))[1] for split in ('train', 'val')}
+        ids = {read_header(path)[1] for path in paths}
     except (OSError, ValueError):
         return None
-    return meta if ids == {meta.get('data_id')} else None
+    if ids != {meta.get('data_id')}:
+        return None
+    problem = verify_tokens(paths, meta['data_id'])
+    if problem:
+        print(f"not complete: {problem}")
+        return None
+    return meta
 
 
 def describe_change(old, new):
@@ -408,7 +494,8 @@ def describe_change(old, new):
         before, after = {f[0]: f[1:] for f in old}, {f[0]: f[1:] for f in new}
         parts = [f"{p} is new" for p in after if p not in before][:3]
         parts += [f"{p} is gone" for p in before if p not in after][:3]
-        parts += [f"{p} changed (size {before[p][0]:,} -> {after[p][0]:,} bytes, modified again)"
+        parts += [f"{p} changed (size {before[p][0]:,} -> {after[p][0]:,} bytes, "
+                  f"{'content differs' if isinstance(before[p][1], str) else 'fingerprinted by time before'})"
                   for p in after if p in before and before[p] != after[p]][:3]
         return '; '.join(parts)
     return f"{old} -> {new}"
@@ -468,7 +555,13 @@ def run(argv):
         meta['source'] = f"{len(documents.files)} local files matching {args.input!r}"
         meta['inputs'] = documents.fingerprint()
     existing = built_from(out_dir)
-    if not args.force and existing and existing.get('args') == meta['args']:
+    if not args.force and existing and existing.get('args') != meta['args']:
+        old = existing.get('args') or {}
+        diff = ', '.join(f"{k}: {old.get(k)!r} -> {v!r}" for k, v in meta['args'].items() if old.get(k) != v)
+        raise InputError(f"{out_dir} was built with other arguments ({diff}). A rebuild changes the data (runs "
+                         "trained on it cannot be resumed on the new one): rebuild with --force, or write the new "
+                         "data elsewhere with --name.")
+    if not args.force and existing:
         if existing.get('inputs') == meta['inputs']:
             print(f"{out_dir} is already complete for these arguments and this input (use --force to rebuild)")
             return 0

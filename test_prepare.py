@@ -109,8 +109,11 @@ def test_tiny_corpus_prepares_offline_and_rerun_skips(tmp_path, capsys):
     assert run(tmp_path, '--dataset', 'tiny') == 0
     assert 'already complete' in capsys.readouterr().out
     assert os.path.getmtime(out / 'train.bin') == mtime
-    # another argument is other work: not skipped
-    assert run(tmp_path, '--dataset', 'tiny', '--max_tokens', '1000') == 0
+    # another argument under the same name would replace the data runs were trained on: refused, untouched
+    with pytest.raises(SystemExit, match=r'built with other arguments \(max_tokens: 1000000000000 -> 1000\).*--force'):
+        run(tmp_path, '--dataset', 'tiny', '--max_tokens', '1000')
+    assert os.path.getmtime(out / 'train.bin') == mtime
+    assert run(tmp_path, '--dataset', 'tiny', '--max_tokens', '1000', '--force') == 0
     assert len(read_tokens(str(out / 'train.bin'))) == 1000
 
 

@@ -25,7 +25,9 @@ from test_train import HERE, read_log, run
 
 
 def snapshot(out_dir):
-    return {name: open(os.path.join(out_dir, name), 'rb').read() for name in sorted(os.listdir(out_dir))}
+    """Every file of a run directory, but run.lock: who holds the directory, not part of the run."""
+    return {name: open(os.path.join(out_dir, name), 'rb').read() for name in sorted(os.listdir(out_dir))
+            if name != 'run.lock'}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,9 +147,9 @@ def test_a_kill_between_the_renames_never_mixes_two_corpora(tmp_path, monkeypatc
     monkeypatch.setattr(prepare.os, 'replace', killed_after_the_first_bin)
     with pytest.raises(KeyboardInterrupt):
         prepare.main(['--data_dir', data, '--num_proc', '1', '--input', str(tmp_path / 'a.jsonl'), '--name', 'x',
-                      '--val_fraction', '0.3'])
+                      '--val_fraction', '0.3', '--force'])
     monkeypatch.setattr(prepare.os, 'replace', real_replace)
-    with pytest.raises(SystemExit, match='two different builds'):
+    with pytest.raises(SystemExit, match='carry different data_ids'):
         prepare.read_dataset(data, 'x')                              # train.py refuses the mixed set
     capsys.readouterr()
     prepare.main(['--data_dir', data, '--num_proc', '1', '--input', str(tmp_path / 'a.jsonl'), '--name', 'x',

@@ -15,24 +15,25 @@ between log steps (the divergence guard keeps its flags on the device), the data
 per epoch, and every compiled call sees one static shape.
 """
 
+import fcntl
+import inspect
 import json
 import math
 import os
-import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from common import (FROZEN_ON_RESUME, MODEL_KEYS, atomic_write_text, detect_peak_flops, get_windows, load_checkpoint,
-                    read_log, resolve_device, resolve_dtype, save_checkpoint, schedule_length, step_windows,
-                    tune_cpu_allocator, windows_hash)
+                    read_log, resolve_device, resolve_dtype, rng_states, save_checkpoint, schedule_length,
+                    set_rng_states, step_windows, tune_cpu_allocator, windows_hash)
 from configurator import configure
 from model import GPT, GPTConfig, routing_summary
 from prepare import read_dataset
@@ -135,9 +136,14 @@ def divergence_message(loss_step, norm_step, now, ckpt_path):
         what = f"training loss at step {loss_step}"
     else:
         what = f"gradient norm at step {norm_step} (the training loss was finite)"
-    return (f"non-finite {what}, noticed at step {now}: stopped without saving, so the last good checkpoint "
-            f"({ckpt_path}, if any) is kept. Start again with a lower learning_rate, more warmup_iters or "
-            "a grad_clip.")
+    return (f"non-finite {what}, noticed at step {now}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
+            "Start again with a lower learning_rate, more warmup_iters or a grad_clip.")
+
+
+def kept_checkpoint(ckpt_path):
+    """What a run that stops without saving leaves behind, said as it is."""
+    return (f"the last good checkpoint, {ckpt_path}, is kept" if os.path.exists(ckpt_path)
+            else f"no checkpoint was written ({ckpt_path} does not exist)")
 
 
 def git_commit():
@@ -198,7 +204,7 @@ def check_resumable(saved, cfg, ckpt_path):
 
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    cfg['out_dir'] = cfg['out_dir'].format(**cfg)
+    validate(cfg)          # every key, before anything is written
     procs = start_processes(cfg)
     try:
         code = train(cfg, procs)
@@ -208,11 +214,52 @@ def main(argv):
             # (gloo: "terminate called without an active exception", SIGABRT), and torchrun then reports
             # a finished run as failed.
             torch.distributed.barrier()
+    except KeyboardInterrupt:
+        raise SystemExit(f"interrupted (Ctrl-C): nothing after the last checkpoint in {cfg['out_dir']} is kept. "
+                         "To continue: the same command with --init_from=auto. (SIGTERM instead of Ctrl-C "
+                         "stops at the next log step with a checkpoint.)") from None
     finally:
         # also on an error: a rank that leaves without this makes the others hang until NCCL times out
         if procs.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     return code
+
+
+POSITIVE = ('eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size', 'block_size',
+            'n_layer', 'n_head', 'n_embd', 'attnres_block_size')
+NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
+                'grad_clip', 'peak_flops')
+
+
+def validate(cfg):
+    """Check every key that can be checked without data or devices, and fill in out_dir's {keys}, so that a
+    bad value is a message before config.json or log.jsonl exist (a rerun with the value fixed then starts
+    cleanly). train() checks the rest: the batch arithmetic, the data, the out_dir."""
+    try:
+        cfg['out_dir'] = cfg['out_dir'].format(**cfg)
+    except (KeyError, IndexError, ValueError) as e:
+        raise SystemExit(f"out_dir={cfg['out_dir']!r}: {{{e.args[0] if isinstance(e, KeyError) else e}}} is not a "
+                         "config key; out_dir may name keys in braces, e.g. 'out/{residual}_s{seed}'") from None
+    bad = [f"{k}={cfg[k]!r} must be > 0" for k in POSITIVE if cfg[k] <= 0]
+    bad += [f"{k}={cfg[k]!r} must be >= 0" for k in NON_NEGATIVE if cfg[k] < 0]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1]" for k in ('min_lr_ratio',) if not 0 <= cfg[k] <= 1]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1)" for k in ('beta1', 'beta2') if not 0 <= cfg[k] < 1]
+    bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
+    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
+        bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
+    try:
+        GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
+    except ValueError as e:
+        bad.append(str(e))
+    if bad:
+        raise SystemExit("bad configuration: " + '; '.join(bad))
+    if cfg['device'].startswith('cuda') and not torch.cuda.is_available():
+        raise SystemExit(f"device={cfg['device']!r} but this machine has no CUDA GPU that torch can use (torch "
+                         f"{torch.__version__}); use --device=auto or --device=cpu")
+    resolve_dtype(cfg['dtype'], 'cpu')   # an unknown dtype is an error here, whatever the device
+    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only']:
+        print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
+              "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
 
 
 @dataclass
@@ -254,21 +301,66 @@ def open_data(cfg, procs, windows_per_step):
     n_eval = (len(val_data) - 1) // T
     if cfg['eval_tokens']:
         n_eval = min(n_eval, cfg['eval_tokens'] // T)
+    if n_eval < 1 and cfg['eval_tokens'] and len(val_data) > T:
+        fail(f"eval_tokens={cfg['eval_tokens']} is less than one block of block_size={T} tokens: raise eval_tokens "
+             f"(0 = all of val.bin, {len(val_data):,} tokens)", procs.master)
     if n_eval < 1:
-        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}", procs.master)
+        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}: prepare more validation data "
+             "or lower block_size", procs.master)
     return train_data, val_data, n_windows, n_eval
 
 
-def claim_out_dir(cfg, master):
-    """How this run starts in out_dir; init_from is resolved to 'scratch' or 'resume'.
+def lock_out_dir(out_dir):
+    """Hold out_dir for this process's whole life: an exclusive flock on out_dir/run.lock, which the kernel
+    releases when the process ends, however it ends (a crash leaves no stale lock). Returns None, or a
+    line saying who holds it."""
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(os.path.join(out_dir, 'run.lock'), 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or 'a process that has just started'
+        f.close()
+        return holder
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{' '.join(sys.argv)}\n")
+    f.flush()
+    HELD_LOCKS.append(f)   # kept open, and so held, until the process ends
+    return None
+
+
+HELD_LOCKS = []
+
+
+def claim_out_dir(cfg, procs):
+    """Hold out_dir (a writing run), then decide how this run starts in it; init_from is resolved to
+    'scratch' or 'resume'.
     scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
     resume:  needs out_dir/ckpt.pt (checked in resume()).
     auto:    resume when there is a checkpoint (a different run is refused there), start from scratch when
              out_dir holds no run, and start again from scratch when it holds only the beginning of this
              same run, killed before its first checkpoint (nothing trained is lost)."""
-    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
-        fail(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}", master)
-    out_dir, found = cfg['out_dir'], existing_run(cfg['out_dir'])
+    master, out_dir = procs.master, cfg['out_dir']
+    if not cfg['eval_only']:
+        # Two runs started into one out_dir at the same moment would interleave their logs and overwrite
+        # each other's checkpoints: the second is refused, before it reads or writes anything there.
+        holder = None
+        if master:
+            try:
+                holder = lock_out_dir(out_dir)
+            except OSError as e:
+                fail(f"cannot write to {out_dir} ({e.strerror}): choose an out_dir this user can write to")
+        if procs.ddp:   # every rank learns whether rank 0 got it
+            busy = torch.tensor([int(holder is not None)], device=procs.device)
+            torch.distributed.all_reduce(busy)
+            holder = holder or ('another run' if busy.item() else None)
+        if holder:
+            fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
+                 "and checkpoints: wait for it to end, or use another --out_dir.", master)
+    found = existing_run(out_dir)
     if cfg['init_from'] == 'auto':
         cfg['init_from'] = 'resume' if os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else 'scratch'
         if cfg['init_from'] == 'resume' or not found or cfg['eval_only']:
@@ -283,8 +375,10 @@ def claim_out_dir(cfg, master):
     elif cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
         return
     elif not cfg['overwrite']:
-        fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: --init_from=resume (or "
-             "auto). To start a new run: another --out_dir. To replace it: --overwrite=True.", master)
+        how = ("--init_from=resume (or auto)" if os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else
+               "it has no checkpoint yet (killed before its first one): --init_from=auto starts it again")
+        fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: {how}. To start a new run: "
+             "another --out_dir. To replace it: --overwrite=True.", master)
     if master:
         for name in RUN_FILES:
             if os.path.exists(os.path.join(out_dir, name)):
@@ -306,7 +400,12 @@ def resume(cfg, model, optimizer, scaler, master):
     Returns (step, best validation loss, the checkpoint's configuration)."""
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
     if not os.path.exists(ckpt_path):
-        fail(f"init_from='resume' but there is no {ckpt_path}; start with init_from='scratch'", master)
+        started = existing_run(cfg['out_dir'])
+        fail(f"init_from='resume' but there is no {ckpt_path}" + (
+            f": {cfg['out_dir']} holds only the beginning of a run killed before its first checkpoint "
+            f"({', '.join(started)}), nothing to resume. Start it again with --init_from=auto (same configuration) "
+            "or replace it with --init_from=scratch --overwrite=True" if started
+            else "; start with --init_from=scratch (or auto)"), master)
     ckpt = load_checkpoint(ckpt_path)
     saved = dict(ckpt['config'])
     saved['lr_decay_iters'] = schedule_length(saved)
@@ -316,9 +415,7 @@ def resume(cfg, model, optimizer, scaler, master):
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])
     scaler.load_state_dict(ckpt['scaler'])
-    torch.set_rng_state(ckpt['rng']['torch'])
-    np.random.set_state(ckpt['rng']['numpy'])
-    random.setstate(ckpt['rng']['python'])
+    set_rng_states(ckpt['rng'])
     return ckpt['step'], ckpt['best_val_loss'], saved
 
 
@@ -408,6 +505,7 @@ def train(cfg, procs):
     if procs.device_type == 'cpu' and cfg['cpu_malloc_tuning']:
         tune_cpu_allocator()
     dt_name, ptdtype = resolve_dtype(cfg['dtype'], procs.device_type)
+    cfg['dtype_resolved'] = dt_name     # frozen on resume: 'auto' may mean bf16 on one machine, fp16 on another
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=procs.device_type, dtype=ptdtype)
     # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.depth_read)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -416,7 +514,7 @@ def train(cfg, procs):
     grad_accum, windows_per_step = batch_arithmetic(cfg, procs.world, master)
     train_data, val_data, n_windows, n_eval = open_data(cfg, procs, windows_per_step)
     asked_auto = cfg['init_from'] == 'auto'
-    claim_out_dir(cfg, master)
+    claim_out_dir(cfg, procs)
     ckpt_path, log_path = (os.path.join(cfg['out_dir'], name) for name in ('ckpt.pt', 'log.jsonl'))
 
     # ---- model, optimizer, state ----
@@ -452,11 +550,15 @@ def train(cfg, procs):
         model = torch.compile(model, dynamic=False)
     eval_model = model                  # compiled if asked, without the DDP wrapper
     if procs.ddp:
-        # broadcast_buffers=False: the only buffers are the constant rotary tables, no need to resend
-        # them every step; gradient_as_bucket_view: gradients live in DDP's buckets, no extra copy
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[torch.device(procs.device)] if procs.device_type == 'cuda' else None,
-            broadcast_buffers=False, gradient_as_bucket_view=True)
+        # The only buffers are the constant rotary tables, the same on every rank: no need to resend them
+        # every step (torch >= 2.13 calls this forward_sync_buffers=False and deprecates broadcast_buffers,
+        # older releases know only broadcast_buffers). gradient_as_bucket_view: gradients live in DDP's
+        # buckets, no extra copy.
+        DDP = torch.nn.parallel.DistributedDataParallel
+        no_buffer_sync = (dict(forward_sync_buffers=False) if 'forward_sync_buffers' in inspect.signature(DDP).parameters
+                          else dict(broadcast_buffers=False))
+        model = DDP(model, device_ids=[torch.device(procs.device)] if procs.device_type == 'cuda' else None,
+                    gradient_as_bucket_view=True, **no_buffer_sync)
     peak = cfg['peak_flops'] or detect_peak_flops(procs.device)
     val_batches = eval_batches(n_eval, procs.rank, procs.world, cfg['eval_batch_size'])
     routing_windows = list(range(min(cfg['eval_batch_size'], n_eval)))  # the first validation batch
@@ -466,7 +568,7 @@ def train(cfg, procs):
     if master and not cfg['eval_only']:
         os.makedirs(cfg['out_dir'], exist_ok=True)
         meta = dict(cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=procs.world,
-                    grad_accum=grad_accum, dtype_resolved=dt_name, n_params=raw_model.get_num_params(),
+                    grad_accum=grad_accum, n_params=raw_model.get_num_params(),
                     device_name=torch.cuda.get_device_name(procs.device) if procs.device_type == 'cuda' else procs.device,
                     train_tokens=len(train_data), eval_windows=n_eval)
         atomic_write_text(os.path.join(cfg['out_dir'], 'config.json'), json.dumps(meta, indent=2) + '\n')
@@ -486,15 +588,14 @@ def train(cfg, procs):
         if master:
             save_checkpoint(dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                                  scaler=scaler.state_dict(), step=step, best_val_loss=min(best_val, val_loss),
-                                 config=cfg, rng=dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
-                                                      python=random.getstate())), ckpt_path)
+                                 config=cfg, rng=rng_states()), ckpt_path)
 
     def evaluate_log_save():
         """Evaluate at `step`, log it, and checkpoint."""
         val_loss, routing = evaluate(eval_model, raw_model, val_data, val_batches, routing_windows, cfg, procs, ctx)
         if not math.isfinite(val_loss):
-            fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving, so the "
-                 f"last good checkpoint ({ckpt_path}, if any) is kept", master)
+            fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
+                 f"{kept_checkpoint(ckpt_path)}", master)
         if master:
             print(f"step {step}: val loss {val_loss:.4f}", flush=True)
         log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing))
@@ -544,7 +645,7 @@ def train(cfg, procs):
             if skipped_in_a_row >= MAX_SKIPPED_STEPS:
                 fail(f"float16: {skipped_in_a_row} steps in a row had non-finite gradients and were skipped "
                      f"(loss scale now {scaler.get_scale():g}), up to step {step}: the run has diverged. Stopped "
-                     f"without saving; the last good checkpoint ({ckpt_path}, if any) is kept.", master)
+                     f"without saving; {kept_checkpoint(ckpt_path)}.", master)
         step += 1
 
         stopping = False
@@ -641,7 +742,9 @@ def print_run_summary(cfg, model, grad_accum, procs, dt_name, train_tokens, n_ev
           f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
     print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
           f"{procs.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
-    print(f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
+    print(f"eval_only: evaluates {'the checkpoint in ' + cfg['out_dir'] if step else 'the initialisation'} and "
+          f"writes {'one eval_only row to log.jsonl' if step else 'nothing'}" if cfg['eval_only'] else
+          f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
           + (f" | resumed at step {step}" if step else ''), flush=True)
 
 
