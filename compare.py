@@ -186,15 +186,29 @@ def markdown(results):
         for p in r['pairs']:
             out.append(f"| {p['seed']} | {p['parent_nll']:.4f} | {p['arm_nll']:.4f} | {p['delta']:+.4f} |")
         lo, hi = r['ci95']
+        spread = (f"{r['sd']:.4f} | [{lo:+.4f}, {hi:+.4f}]" if r['n'] > 1 else "– | –")
         out.append("")
         out.append("| mean Δ | sd | 95% t-interval | ppl reduction | wins | sign test p |")
         out.append("|---:|---:|---:|---:|---:|---:|")
-        out.append(f"| {r['mean_delta']:+.4f} | {r['sd']:.4f} | [{lo:+.4f}, {hi:+.4f}] | {r['ppl_reduction_pct']:.2f}% "
+        out.append(f"| {r['mean_delta']:+.4f} | {spread} | {r['ppl_reduction_pct']:.2f}% "
                    f"| {r['wins']}/{r['n']} | {r['sign_test_p']:.3g} |")
+        if r['n'] == 1:
+            out.append("\n(one pair: no spread and no interval can be estimated from it; run more seeds)")
         if r['skipped_seeds']:
             out.append(f"\n(seeds {r['skipped_seeds']} left out: no evaluation at step {r['step']} in both runs yet)")
         out.append("")
     return '\n'.join(out)
+
+
+def write_json(path, results):
+    """The numbers as JSON; a NaN (the sd and interval of a single pair) is written as null, valid JSON."""
+    def clean(x):
+        if isinstance(x, float) and math.isnan(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return [clean(v) for v in x] if isinstance(x, list) else x
+    atomic_write_text(path, json.dumps(clean(results), indent=2))
 
 
 # -----------------------------------------------------------------------------
@@ -305,12 +319,17 @@ def main(argv=None):
     if refused:
         print(f"### Refused ({len(refused)} runs left out of every table above)\n")
         print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')
+    if not results and len(groups) > 1:
+        listing = '; '.join(f"{group_label(next(iter(next(iter(by_mode.values())).values()))['config'])}: "
+                            f"{', '.join(sorted(by_mode))}" for by_mode in groups.values())
+        raise SystemExit(f"found {len(runs)} runs but no complete pair: they differ in shape or budget, and a pair "
+                         f"needs the same ({', '.join(GROUP_KEYS)}). The groups: {listing}")
     if not results:
         raise SystemExit(f"found {len(runs)} runs but no complete pair: a pair is an arm and its parent "
                          f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())}) with the same seed and shape, "
                          "both evaluated at the step compared (use --step for runs in progress)")
     if args.json:
-        atomic_write_text(args.json, json.dumps(results, indent=2))
+        write_json(args.json, results)
     if args.plot:
         for path in plot(results, groups, args.plot):
             print(f"wrote {path}")

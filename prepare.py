@@ -21,6 +21,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import time
 
@@ -174,7 +175,10 @@ class TokenWriter:
         os.replace(self.tmp, self.path)
 
     def discard(self):
-        self.f.close()
+        try:
+            self.f.close()
+        except OSError:   # closing flushes the buffer, which fails again on a full disk: the file goes anyway
+            pass
         if os.path.exists(self.tmp):
             os.remove(self.tmp)
 
@@ -415,6 +419,9 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
     into place together, then meta.json (which names the data_id too) is written."""
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    for name in ('train.bin.tmp', 'val.bin.tmp', 'meta.json.tmp'):   # left by a build killed mid-write
+        if os.path.exists(os.path.join(out_dir, name)):
+            os.remove(os.path.join(out_dir, name))
     stats = dict(train_docs=0, val_docs=0, empty_docs=0)
     work = functools.partial(tokenize_document, val_fraction=val_fraction)
     pool = multiprocessing.get_context('spawn').Pool(num_proc) if num_proc > 1 else None
@@ -571,7 +578,15 @@ def run(argv):
                          f"write the new data elsewhere with --name.")
     if documents is None:
         documents = fineweb_documents(args.revision)
-    s = prepare(documents, out_dir, args.max_tokens, args.val_tokens, args.val_fraction, args.num_proc, meta)
+    try:
+        s = prepare(documents, out_dir, args.max_tokens, args.val_tokens, args.val_fraction, args.num_proc, meta)
+    except OSError as e:   # a full disk, a folder that cannot be written
+        free = shutil.disk_usage(args.data_dir if os.path.isdir(args.data_dir) else '.').free
+        need = (f"; the train split alone needs {2 * args.max_tokens / 1e9:,.1f} GB"
+                if args.max_tokens < 10 ** 12 else '')
+        raise InputError(f"could not write the prepared data in {out_dir} ({e.strerror or e}): the partial files "
+                         f"were removed and a previous build, if any, is as it was. {free / 1e9:,.2f} GB are free"
+                         f"{need}. Make room (or choose another --data_dir) and run the same command again.") from None
     if getattr(documents, 'missing', 0):
         print(f"left out {documents.missing} rows without {args.text_column!r} text (the first: {documents.first_missing})")
     files = getattr(documents, 'files', [])

@@ -291,7 +291,7 @@ def report(name, root='.', plots=True):
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
         json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
         if results:
-            atomic_write_text(json_path, json.dumps(results, indent=2))
+            compare.write_json(json_path, results)
             if plots:
                 compare.plot(results, groups, plot_dir)
     text = '\n'.join(sections)

@@ -360,6 +360,10 @@ def claim_out_dir(cfg, procs):
         if holder:
             fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
                  "and checkpoints: wait for it to end, or use another --out_dir.", master)
+        if master:   # what a run killed mid-write left (no other run can be writing them: we hold the lock)
+            for name in RUN_FILES:
+                if os.path.exists(os.path.join(out_dir, name + '.tmp')):
+                    os.remove(os.path.join(out_dir, name + '.tmp'))
     found = existing_run(out_dir)
     if cfg['init_from'] == 'auto':
         cfg['init_from'] = 'resume' if os.path.exists(os.path.join(out_dir, 'ckpt.pt')) else 'scratch'

@@ -1,0 +1,311 @@
+"""No run is ever mixed, no file ever runs code, no error is a raw traceback (README "What is
+guaranteed"). Each test causes the fault: two runs started at once, a resume in another precision, a
+rebuilt corpus, flipped token bytes, a same-size edit with its time restored, a planted pickle, a full
+disk (a file size limit), zero intervals, and the bad invocations a user types."""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import compare
+import prepare
+from test_prepare import DOCS, write_jsonl
+from test_preempt import logged_steps, start
+from test_train import HERE, TINY, read_log, run
+
+
+def python(script, *args, **kw):
+    return subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                          cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=600, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs and data never mixed
+
+def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    first = start(['--max_iters=60', '--log_interval=5', '--eval_interval=30', '--seed=1'], data_dir, out)
+    deadline = time.time() + 300
+    while not logged_steps(out):
+        assert first.poll() is None and time.time() < deadline, first.communicate()
+        time.sleep(0.01)
+    for init in ('scratch', 'auto'):
+        p = run([f'--init_from={init}', '--seed=2', '--overwrite=True'], data_dir, out, expect_ok=False)
+        assert p.returncode != 0 and 'is in use by another run (pid' in p.stderr, p.stderr[-1500:]
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr[-2000:]
+    rows = [json.loads(line) for line in open(os.path.join(out, 'log.jsonl'))]
+    steps = [r['step'] for r in rows if 'train_loss' in r]
+    assert steps == list(range(5, 61, 5))                      # one row per step: nothing interleaved
+    assert json.load(open(os.path.join(out, 'config.json')))['seed'] == 1
+    run(['--init_from=auto', '--max_iters=60'], data_dir, out)   # the lock went with the process
+
+
+def test_a_resume_in_another_precision_or_on_another_eval_set_is_refused(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--lr_decay_iters=4', '--dtype=float32'], data_dir, out)
+    before = open(os.path.join(out, 'config.json')).read()
+    for bad, key in (('--dtype=bfloat16', 'dtype_resolved'), ('--eval_tokens=256', 'eval_tokens')):
+        p = run(['--max_iters=4', '--init_from=resume', '--dtype=float32', bad], data_dir, out, expect_ok=False)
+        assert p.returncode != 0 and 'cannot resume' in p.stderr and key in p.stderr, p.stderr[-1500:]
+    assert open(os.path.join(out, 'config.json')).read() == before
+    # what may change: batch_size (with accumulation), compile, device, log/eval intervals
+    run(['--max_iters=4', '--init_from=resume', '--batch_size=2', '--eval_interval=1'], data_dir, out)
+
+
+def test_compare_refuses_pairs_in_other_precisions_or_eval_sets(tmp_path):
+    from test_compare import make_run
+    root = str(tmp_path)
+    for seed in (1, 2):
+        make_run(root, f'attnres_s{seed}', 'attnres', seed, 3.3, dtype_resolved='float32')
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2, dtype_resolved='bfloat16')
+    make_run(root, 'rd_s2', 'rd_attnres', 2, 3.2, dtype_resolved='float32', eval_tokens=1)
+    results, _, refused = compare.compare([compare.load_run(os.path.join(root, n)) for n in sorted(os.listdir(root))])
+    reasons = ' '.join(why for _, why in refused)
+    assert not results and 'dtype_resolved' in reasons and 'eval_tokens' in reasons
+
+
+def flip_byte(path, offset):
+    with open(path, 'r+b') as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def copy_dataset(data_dir, tmp_path):
+    import shutil
+    shutil.copytree(os.path.join(data_dir, 'tiny'), tmp_path / 'data' / 'tiny')
+    return str(tmp_path / 'data')
+
+
+def test_flipped_token_bytes_are_found_by_train_and_prepare(data_dir, tmp_path, capsys):
+    data = copy_dataset(data_dir, tmp_path)
+    train_bin, val_bin = (os.path.join(data, 'tiny', f'{s}.bin') for s in ('train', 'val'))
+    flip_byte(train_bin, prepare.HEADER_BYTES + 1001)          # one token's low bit: still a valid id
+    p = run(['--max_iters=2'], data, str(tmp_path / 'run'), expect_ok=False)
+    assert p.returncode != 0 and 'do not match their data_id' in p.stderr, p.stderr[-1500:]
+    assert not os.path.exists(tmp_path / 'run' / 'log.jsonl')
+    capsys.readouterr()
+    prepare.main(['--dataset', 'tiny', '--data_dir', data])  # not "complete": rebuilt, the same data again
+    assert 'not complete' in capsys.readouterr().out
+    run(['--max_iters=2'], data, str(tmp_path / 'run'))
+    with open(val_bin, 'r+b') as f:                           # a token id past the vocabulary, in val.bin
+        f.seek(prepare.HEADER_BYTES + 2 * 10)
+        f.write((65000).to_bytes(2, 'little'))
+    p = run(['--max_iters=2'], data, str(tmp_path / 'run2'), expect_ok=False)
+    assert 'token id 65000, outside the GPT-2 vocabulary' in p.stderr and 'Traceback' not in p.stderr
+
+
+def test_a_same_size_edit_with_its_time_restored_is_noticed(tmp_path):
+    data = str(tmp_path / 'data')
+    path = tmp_path / 'a.jsonl'
+    write_jsonl(path, DOCS)
+    args = ['--data_dir', data, '--num_proc', '1', '--input', str(path), '--name', 'x']
+    prepare.main(args)
+    stat = os.stat(path)
+    text = path.read_text()
+    path.write_text(text.replace('End.', 'Fin.', 1))           # the same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))    # and the same modification time
+    assert path.read_text() != text and os.path.getsize(path) == stat.st_size
+    assert os.stat(path).st_mtime_ns == stat.st_mtime_ns
+    with pytest.raises(SystemExit, match=r'from another input: .*a.jsonl changed .*content differs'):
+        prepare.main(args)
+
+
+# ---------------------------------------------------------------------------------------------
+# No file runs code
+
+class Payload:
+    """A pickled object whose unpickling would create a file: what a hostile checkpoint would do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+def test_a_planted_pickle_is_refused_and_never_runs(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    ckpt_path = os.path.join(out, 'ckpt.pt')
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    marker = str(tmp_path / 'payload_ran')
+    ckpt['rng']['extra'] = Payload(marker)
+    torch.save(ckpt, ckpt_path)      # (a hostile file could also carry a matching checksum: it proves nothing)
+    for p in (run(['--max_iters=4', '--init_from=resume'], data_dir, out, expect_ok=False),
+              run(['--eval_only=True', '--init_from=resume'], data_dir, out, expect_ok=False),
+              python('sample.py', f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2')):
+        assert p.returncode != 0 and 'was refused' in p.stderr and 'Nothing in it was run' in p.stderr, p.stderr[-1500:]
+        assert not os.path.exists(marker)
+
+
+def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_path):
+    out, weights = str(tmp_path / 'run'), str(tmp_path / 'model.safetensors')
+    run(['--max_iters=2', '--residual=rd_attnres'], data_dir, out)
+    p = python('sample.py', f'--out_dir={out}', f'--export={weights}')
+    assert p.returncode == 0 and 'wrote' in p.stdout, p.stderr[-1500:]
+    common_args = ['--start=The', '--num_samples=1', '--max_new_tokens=8', '--device=cpu', '--seed=5']
+    a = python('sample.py', f'--out_dir={out}', *common_args)
+    b = python('sample.py', f'--weights={weights}', *common_args)
+    assert a.returncode == 0 and b.returncode == 0, b.stderr[-1500:]
+    assert a.stdout.split('\n', 1)[1] == b.stdout.split('\n', 1)[1]   # the same text (first line: the source)
+    (tmp_path / 'not.safetensors').write_bytes(b'\x00' * 64)
+    bad = python('sample.py', f'--weights={tmp_path / "not.safetensors"}')
+    assert bad.returncode != 0 and 'cannot be read as a .safetensors file' in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk: a file size limit makes the write fail as ENOSPC would (EFBIG), without a tmpfs
+
+def limit_file_size(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # fail the write, do not kill the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    ckpt = os.path.join(out, 'ckpt.pt')
+    before = open(ckpt, 'rb').read()
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+           '--max_iters=4', '--init_from=auto']
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(2_000_000))
+    assert p.returncode != 0 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+    assert 'could not write the checkpoint' in p.stderr and 'previous checkpoint, if any, is kept' in p.stderr
+    assert 'needs about' in p.stderr and not os.path.exists(ckpt + '.tmp')
+    assert open(ckpt, 'rb').read() == before
+    run(['--max_iters=4', '--init_from=auto'], data_dir, out)          # room again: it carries on
+    assert sorted(read_log(out)[0]) == [1, 2, 3, 4]
+
+
+def test_a_full_disk_while_preparing_leaves_nothing_behind(tmp_path):
+    write_jsonl(tmp_path / 'a.jsonl', DOCS * 20)
+    cmd = [sys.executable, os.path.join(HERE, 'prepare.py'), '--input', str(tmp_path / 'a.jsonl'), '--name', 'x',
+           '--data_dir', str(tmp_path / 'data'), '--num_proc', '1']
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size(20_000))
+    assert p.returncode != 0 and 'could not write the prepared data' in p.stderr and 'Traceback' not in p.stderr
+    assert not os.path.exists(tmp_path / 'data' / 'x')
+    # a build killed mid-write leaves a .tmp: the next build removes it
+    os.makedirs(tmp_path / 'data' / 'x')
+    (tmp_path / 'data' / 'x' / 'train.bin.tmp').write_bytes(b'\x00' * 1000)
+    assert subprocess.run(cmd, capture_output=True, timeout=600).returncode == 0
+    assert sorted(os.listdir(tmp_path / 'data' / 'x')) == ['meta.json', 'train.bin', 'val.bin']
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors are messages, said before anything is written
+
+@pytest.mark.parametrize('args, message', [
+    (['--eval_interval=0'], 'eval_interval=0 must be > 0'),
+    (['--log_interval=0'], 'log_interval=0 must be > 0'),
+    (['--n_head=3'], 'must be divisible by n_head=3'),
+    (['--out_dir={resdual}'], '{resdual} is not a config key'),
+    (['--device=cuda'], 'no CUDA GPU'),
+    (['--eval_tokens=8'], 'eval_tokens=8 is less than one block'),
+    (['--init_from=resume'], "there is no"),
+])
+def test_bad_invocations_are_messages_and_write_nothing(data_dir, tmp_path, args, message):
+    if args == ['--device=cuda'] and torch.cuda.is_available():
+        pytest.skip('this machine has CUDA')
+    out = tmp_path / 'run'
+    p = run(args, data_dir, str(out) if '{' not in args[0] else str(tmp_path / args[0].split('=')[1]),
+            expect_ok=False)
+    assert p.returncode != 0 and message in p.stderr and 'Traceback' not in p.stderr, p.stderr[-1500:]
+    assert not os.path.exists(out / 'config.json') and not os.path.exists(out / 'log.jsonl')
+
+
+def test_more_bad_input_is_a_message(data_dir, tmp_path):
+    (tmp_path / 'syntax.py').write_text('n_layer = = 2\n')
+    p = python('train.py', str(tmp_path / 'syntax.py'))
+    assert p.returncode != 0 and 'syntax.py, line 1' in p.stderr and 'Traceback' not in p.stderr
+    p = python('sample.py', '--start=FILE:/no/such/prompt.txt', f'--out_dir={tmp_path}', '--device=cpu')
+    assert 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
+    (tmp_path / 'file').write_text('in the way')
+    p = run(['--max_iters=2'], data_dir, str(tmp_path / 'file' / 'run'), expect_ok=False)
+    assert p.returncode != 0 and 'cannot write to' in p.stderr and 'Traceback' not in p.stderr
+    write_jsonl(tmp_path / 'n.jsonl', DOCS[:5])
+    with open(tmp_path / 'n.jsonl', 'a') as f:
+        f.write(json.dumps({'text': 12345}) + '\n')
+    with pytest.raises(SystemExit, match=r"n.jsonl, line 6: 'text' is a int"):
+        prepare.main(['--input', str(tmp_path / 'n.jsonl'), '--data_dir', str(tmp_path / 'data'), '--num_proc', '1'])
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_not_stuck(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2'], data_dir, out)
+    os.remove(os.path.join(out, 'ckpt.pt'))
+    resume = run(['--init_from=resume'], data_dir, out, expect_ok=False)
+    scratch = run([], data_dir, out, expect_ok=False)
+    for p in (resume, scratch):   # both point to the way out, not to each other
+        assert p.returncode != 0 and '--init_from=auto' in p.stderr, p.stderr[-1000:]
+    run(['--init_from=auto', '--max_iters=2'], data_dir, out)
+
+
+def test_ctrl_c_is_a_message(data_dir, tmp_path):
+    proc = start(['--max_iters=200', '--log_interval=5'], data_dir, str(tmp_path / 'run'))
+    deadline = time.time() + 300
+    while not logged_steps(str(tmp_path / 'run')):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and 'interrupted (Ctrl-C)' in stderr and 'Traceback' not in stderr, stderr[-1500:]
+
+
+def test_compare_says_what_one_pair_and_two_shapes_mean(tmp_path, capsys):
+    from test_compare import make_run
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
+    assert compare.main([os.path.join(root, '*'), '--json', os.path.join(root, 'r.json')]) == 0
+    out = capsys.readouterr().out
+    assert 'nan' not in out and 'one pair: no spread' in out
+    assert json.load(open(os.path.join(root, 'r.json')))[0]['sd'] is None    # valid JSON, no NaN
+    other = tmp_path / 'shapes'
+    make_run(str(other), 'attnres_s1', 'attnres', 1, 3.3, n_layer=4)
+    make_run(str(other), 'rd_s1', 'rd_attnres', 1, 3.2, n_layer=6)
+    with pytest.raises(SystemExit, match='differ in shape or budget'):
+        compare.main([str(other / '*')])
+
+
+def test_no_broadcast_buffers_warning_under_torchrun(data_dir, tmp_path):
+    torchrun = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
+    p = run(['--max_iters=1', '--eval_interval=1'], data_dir, str(tmp_path / 'run'), launcher=torchrun)
+    assert 'broadcast_buffers' not in p.stderr and 'FutureWarning' not in p.stderr, p.stderr[-2000:]
+
+
+def test_messages_say_what_happened(data_dir, tmp_path):
+    # a .jsonl whose first rows lack the column: the rows are counted (and --skip_missing_text works),
+    # not "no column 'text'"
+    path = tmp_path / 'a.jsonl'
+    with open(path, 'w') as f:
+        f.write(json.dumps({'title': 'no text here'}) + '\n')
+        f.write(''.join(json.dumps({'text': d}) + '\n' for d in DOCS))
+    args = ['--input', str(path), '--data_dir', str(tmp_path / 'data'), '--num_proc', '1']
+    with pytest.raises(SystemExit, match=r"1 rows have no 'text' text \(the first: .*a.jsonl, line 1\)"):
+        prepare.main(args)
+    prepare.main(args + ['--skip_missing_text'])
+    # a non-UTF-8 line deep in a .jsonl is named exactly
+    with open(tmp_path / 'b.jsonl', 'wb') as f:
+        for i in range(3000):
+            f.write(json.dumps({'text': DOCS[i % len(DOCS)]}).encode() + b'\n' if i != 2499 else b'{"text": "caf\xe9"}\n')
+    with pytest.raises(SystemExit, match=r'b.jsonl, line 2500: not UTF-8'):
+        prepare.main(['--input', str(tmp_path / 'b.jsonl'), '--data_dir', str(tmp_path / 'data'), '--name', 'b',
+                      '--num_proc', '1'])
+    # eval_only from scratch says that it writes nothing, and does not
+    p = run(['--eval_only=True'], data_dir, str(tmp_path / 'eval'))
+    assert 'writes nothing' in p.stdout and 'writes to' not in p.stdout and not os.path.exists(tmp_path / 'eval' / 'log.jsonl')
+    # a run shorter than its warmup says so
+    p = run(['--max_iters=2', '--warmup_iters=5'], data_dir, str(tmp_path / 'short'))
+    assert 'the whole run is warmup' in p.stderr
