@@ -122,7 +122,7 @@ def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_pa
 # ---------------------------------------------------------------------------------------------
 # 3. Preemption: a signal mid-run -> every rank stops at one log step with a checkpoint -> resume
 
-PREEMPT = ['--max_iters=60', '--lr_decay_iters=60', '--eval_interval=30', '--log_interval=5', '--init_from=auto']
+PREEMPT = ['--max_iters=40', '--lr_decay_iters=40', '--eval_interval=20', '--log_interval=5', '--init_from=auto']
 
 
 def stopped_step(stdout):
@@ -149,7 +149,7 @@ def test_signals_checkpoint_at_the_next_log_step_and_resume_is_exact(data_dir, t
     out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
     first, code, stdout = preempt(out, 5, lambda p: p.send_signal(signal.SIGTERM), data_dir=data_dir)
     # at most log_interval steps are lost, not everything since the last evaluation (step 0)
-    assert code == train.EXIT_STOPPED and 'stopped by SIGTERM' in stdout and first < 30
+    assert code == train.EXIT_STOPPED and 'stopped by SIGTERM' in stdout and first < 20
     second, code, stdout = preempt(out, first + 5, lambda p: p.send_signal(signal.SIGUSR1), data_dir=data_dir)
     assert code == train.EXIT_STOPPED and 'stopped by SIGUSR1' in stdout and 'resumed at step' in stdout
     run(PREEMPT, data_dir, out)                  # the same command once more: it carries on to the end
