@@ -50,10 +50,10 @@ def window_order(n_windows, seed, epoch):
 
 
 def step_windows(step, n_windows, windows_per_step, seed):
-    """Indices of the windows that optimizer step `step` trains on, in order, all ranks together: the
-    slice [step * W, (step + 1) * W) of the endless sequence of epochs. It depends on nothing but the
-    seed, the step and the batch in windows, so every arm of a seed, on any number of processes and
-    with any micro-batch size, trains on the same windows at the same step."""
+    """Indices of the windows that optimizer step `step` trains on, a list of ints in order, all ranks
+    together: the slice [step * W, (step + 1) * W) of the endless sequence of epochs. It depends on
+    nothing but the seed, the step and the batch in windows, so every arm of a seed, on any number of
+    processes and with any micro-batch size, trains on the same windows at the same step."""
     ### BEGIN SOLUTION 4
     first = step * windows_per_step
     out = []

@@ -86,7 +86,7 @@ def sign_test_p(wins, n):
 def paired_stats(deltas):
     """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent), one per seed: mean Δ, its
     sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0)
-    and the exact two-sided sign test."""
+    and the exact two-sided sign test. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
     n = len(deltas)
     ### BEGIN SOLUTION 5
     mean = sum(deltas) / n

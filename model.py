@@ -204,7 +204,7 @@ def depth_read(sources, queries):
 
     sources: list of S pairs (x_s (B, T, d) float32, 1/rms(x_s) (B, T, 1)), see source()
     queries: (R, d) pseudo-queries with the key-norm gain folded in: w . (g * x / rms(x)) = ((w * g) . x) / rms(x)
-    returns h (R, B, T, d) and alpha (R, B, T, S), both float32.
+    returns h (R, B, T, d) and alpha (R, B, T, S), both float32 (float64 when the sources are float64).
     """
     x0 = sources[0][0]
     ### BEGIN SOLUTION 1
@@ -242,7 +242,7 @@ class DepthRead(nn.Module):
 
     def forward(self, sources, log=None):
         """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it."""
-        ### BEGIN SOLUTION 3
+        ### BEGIN SOLUTION 2
         queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
         ### END SOLUTION
         h, alpha = depth_read(sources, queries)
@@ -288,10 +288,17 @@ class Block(nn.Module):
         h = self.attn_read(sources, log)                   # one row per route
         if self.residual == 'ctrl_params':
             h = h * self.attn_input_gain
-        ### BEGIN SOLUTION 3
+        ### BEGIN SOLUTION 2
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
         return x[0], x[-1]                                 # one route: both inputs are the same x
         ### END SOLUTION
+
+    def attention(self, sources, cos, sin, log=None):
+        """The attention sublayer's output from the sources: its read, then attention fed by the routes."""
+        x_1, x_2 = self.attn_inputs(sources, log)
+        if self.residual == 'ctrl_heads':     # route 1 -> Q, K, V of heads 1..H/2; route 2 -> of the others
+            return self.attn.forward_by_heads(x_1, x_2, cos, sin)
+        return self.attn(x_1, x_2, cos, sin)  # route 1 -> Q and K; the last route -> V
 
     def mlp_input(self, sources, log=None):
         """The MLP sublayer's input: one read of its own (unchanged by RD-AttnRes)."""
@@ -360,17 +367,14 @@ class GPT(nn.Module):
         sublayers' outputs, the embedding never added in), plus the partial of the current block."""
         S = self.config.attnres_block_size
         log = [] if self.record_routing else None
-        ### BEGIN SOLUTION 2
+        ### BEGIN SOLUTION 3
         blocks = [source(embedding)]    # finished sources: b_0 = the embedding, then b_1, b_2, ...
         partial = None                  # the current block's outputs so far, as a source; None when empty
         for layer, block in enumerate(self.transformer.h):
             for l, kind in ((2 * layer, 'attn'), (2 * layer + 1, 'mlp')):   # l: the sublayer's number
                 sources = blocks if partial is None else blocks + [partial]
-                if kind == 'attn' and block.residual == 'ctrl_heads':   # route 1 -> heads 1..H/2, 2 -> the rest
-                    out = block.attn.forward_by_heads(*block.attn_inputs(sources, log), self.rope_cos, self.rope_sin)
-                elif kind == 'attn':                                     # route 1 -> Q, K; the last route -> V
-                    x_qk, x_v = block.attn_inputs(sources, log)
-                    out = block.attn(x_qk, x_v, self.rope_cos, self.rope_sin)
+                if kind == 'attn':
+                    out = block.attention(sources, self.rope_cos, self.rope_sin, log)
                 else:
                     out = block.mlp(block.mlp_input(sources, log))
                 partial = source(out if partial is None else partial[0] + fp32(out))

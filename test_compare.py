@@ -77,6 +77,16 @@ def test_statistics_against_known_values():
     assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64)
 
 
+@pytest.mark.assignment5
+def test_one_pair_has_no_spread_and_no_interval():
+    # n = 1: the mean and the win are defined; the sd (n - 1 = 0) and the interval are not: NaN, and
+    # the sign test of one pair says nothing (p = 1)
+    r = compare.paired_stats([-0.03])
+    assert r['mean_delta'] == -0.03 and (r['wins'], r['n'], r['sign_test_p']) == (1, 1, 1.0)
+    assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95'])
+    assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
+
+
 def test_mismatched_pair_is_refused_with_the_differing_keys(tmp_path, capsys):
     root = str(tmp_path)
     make_run(root, 'attnres_s1', 'attnres', 1, 3.3)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import common
 import compare
 from model import apply_rotary as model_apply_rotary, depth_read, source
-from test_model import batch, make, perturb
+from model import ATTENTION_ROUTES, RESIDUAL_MODES
+from test_model import batch, make, perturb, perturbed_block, some_sources
 
 # the project under test (a student's copy when course.py grades it): its committed study logs
 REPO = os.path.dirname(os.path.abspath(common.__file__))
@@ -96,6 +97,28 @@ def heads_split_attention(block, x_1, x_2, cos, sin):
 
 @pytest.mark.assignment2
 @pytest.mark.hidden
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+def test_attention_inputs_match_the_literal_routes(mode):
+    # the two inputs of the attention sublayer, written out: each route's read with einsum, then the
+    # attention's own pre-norm, whose gain differs from the MLP's (so a V through norm_mlp is caught)
+    block = perturbed_block(mode, seed=11)
+    sources = some_sources(seed=12, n=4)
+    at, V = block.attn_read, torch.stack([x for x, _ in sources])
+    K = F.rms_norm(V, (V.size(-1),), at.key_gain, 1e-6)
+
+    def read(query):
+        return torch.einsum('nbt,nbtd->btd', torch.einsum('d,nbtd->nbt', query, K).softmax(0), V)
+
+    h = [read(getattr(at, name)) for name in ATTENTION_ROUTES[mode].values()]
+    if mode == 'ctrl_params':
+        h = [x * block.attn_input_gain for x in h]
+    x_qk, x_v = block.attn_inputs(sources, [])
+    torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.assignment3
+@pytest.mark.hidden
 @pytest.mark.parametrize('S', [1, 2, 3, 6, 50])   # Full AttnRes, even, odd (splits blocks), S = L, S > L
 def test_attnres_matches_literal_reference(S):
     idx, targets = batch()
@@ -163,3 +186,6 @@ def test_paired_statistics_on_other_values():
     r = compare.paired_stats([-0.01] * 9 + [0.0])            # a tie is not a win
     assert r['wins'] == 9 and r['sign_test_p'] == pytest.approx(2 * 11 / 1024)
     assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.009)))
+    r = compare.paired_stats([0.02])                          # n = 1: no spread, no interval, p = 1
+    assert r['mean_delta'] == 0.02 and (r['wins'], r['n'], r['sign_test_p']) == (0, 1, 1.0)
+    assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95'])

@@ -78,7 +78,6 @@ def assert_same_function(a, b, idx, targets, tol=1e-12):
 SECOND_QUERY = {'rd_attnres': 'value_query', 'ctrl_heads': 'heads2_query'}
 
 
-@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
 @pytest.mark.parametrize('S', [1, 2, 3])
 def test_tied_second_route_recovers_attnres(mode, S):
@@ -97,7 +96,6 @@ def test_tied_second_route_recovers_attnres(mode, S):
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.assignment3
 def test_value_route_equal_to_qk_route_splits_the_gradient():
     # the same tie by value, not by identity: the parent's gradient of w_l is the sum of the two routes'
     idx, targets = batch()
@@ -117,7 +115,6 @@ def test_value_route_equal_to_qk_route_splits_the_gradient():
         assert layer == 0 or br.value_query.grad.abs().max() > 0  # layer 0 reads one source only
 
 
-@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
 def test_untied_second_route_changes_the_function(mode):
     # the converse: a different second route is a different model (otherwise the tests above prove nothing).
@@ -133,9 +130,79 @@ def test_untied_second_route_changes_the_function(mode):
 
 
 # ---------------------------------------------------------------------------------------------
+# 1b. The routes of one read point, without the rest of the model (course assignment 2)
+
+def perturbed_block(mode, seed=3):
+    """Block 1 of a perturbed model, with pre-norm gains that differ from each other and from 1."""
+    model = perturb(make(mode, n_layer=2), seed=seed)
+    block = model.transformer.h[1]
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for norm in (block.norm_attn, block.norm_mlp):
+            norm.weight.copy_(1 + 0.5 * torch.randn(16, generator=g, dtype=torch.float64))
+    return block
+
+
+def some_sources(seed=4, n=3):
+    g = torch.Generator().manual_seed(seed)
+    return [source(torch.randn(2, 5, 16, generator=g, dtype=torch.float64) * (1 + s)) for s in range(n)]
+
+
+@pytest.mark.assignment2
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+def test_a_read_point_has_one_query_per_route(mode):
+    read = perturbed_block(mode).attn_read
+    sources, log = some_sources(), []
+    h = read(sources, log)
+    # one row per route, in the order of ATTENTION_ROUTES, each query with the key gain folded in;
+    # ctrl_dup's two routes share one query and are still two reads
+    names = list(ATTENTION_ROUTES[mode].values())
+    expected, _ = depth_read(sources, torch.stack([getattr(read, n) * read.key_gain for n in names]))
+    torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12)
+    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode])
+
+
+@pytest.mark.assignment2
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
+    block = perturbed_block(mode)
+    sources, log = some_sources(), []
+    x_qk, x_v = block.attn_inputs(sources, log)
+    h = block.attn_read(sources)
+    if mode == 'ctrl_params':
+        h = h * block.attn_input_gain
+    # Q/K from the first route, V from the last, both through the attention's pre-norm (not norm_mlp)
+    torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-12, atol=1e-12)
+    if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different queries: two inputs
+        assert (x_qk - x_v).abs().max() > 1e-3
+    assert len(log) == len(ATTENTION_ROUTES[mode])
+
+
+@pytest.mark.assignment2
+def test_tied_value_query_gives_one_input_and_splits_the_gradient():
+    block = perturbed_block('rd_attnres')
+    read = block.attn_read
+    with torch.no_grad():
+        read.value_query.copy_(read.attn_query)
+    sources = some_sources()
+    x_qk, x_v = block.attn_inputs(sources)
+    torch.testing.assert_close(x_qk, x_v, rtol=0, atol=0)
+    (x_qk.square().sum() + 2 * x_v.sum()).backward()
+    parent = perturbed_block('attnres')          # the same weights: one route feeding both
+    with torch.no_grad():
+        parent.attn_read.attn_query.copy_(read.attn_query)
+        parent.attn_read.key_gain.copy_(read.key_gain)
+        parent.norm_attn.weight.copy_(block.norm_attn.weight)
+    p_qk, p_v = parent.attn_inputs(sources)
+    (p_qk.square().sum() + 2 * p_v.sum()).backward()
+    torch.testing.assert_close(parent.attn_read.attn_query.grad, read.attn_query.grad + read.value_query.grad,
+                               rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
 # 2. Equal at init (property 2), and ctrl_dup equal always
 
-@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params', 'ctrl_heads'])
 def test_modes_equal_attnres_at_init(mode):
     idx, targets = batch()
@@ -284,7 +351,7 @@ def test_source_counts_and_labels_by_hand():
     assert source_labels(8, 3, 8) == ['emb', 'b1', 'b2', 'b3'] and source_labels(6, 2, 6) == ['emb', 'b1', 'b2', 'b3']
 
 
-@pytest.mark.assignment2
+@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 @pytest.mark.parametrize('S', [1, 3, 4])
 def test_routing_records_every_read_point(mode, S):
@@ -371,7 +438,6 @@ def test_summary_helpers():
     assert all(r['js_heads1_heads2'] > 1e-4 for r in rows[1:])
 
 
-@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_heads'])
 def test_two_learned_routes_separate_in_training(mode):
     # What the routes of these modes are for: to learn *different* depth mixtures. Both queries start at
@@ -396,7 +462,7 @@ def test_two_learned_routes_separate_in_training(mode):
 # ---------------------------------------------------------------------------------------------
 # 9. Gradients reach every pseudo-query (except the first read's)
 
-@pytest.mark.assignment2
+@pytest.mark.assignment3
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_every_pseudo_query_gets_a_gradient(mode):
     model = perturb(make(mode, S=2, n_layer=3), scale=0.3)
@@ -476,13 +542,43 @@ def test_depth_read_normalises_the_keys_but_mixes_the_raw_values():
 
 @pytest.mark.assignment1
 def test_reads_stay_float32_under_bf16_autocast():
+    # float32 under autocast; float64 (the exactness tests' precision) stays float64
+    g = torch.Generator().manual_seed(2)
+    values = [torch.randn(2, 4, 16, generator=g) * (1 + 5 * s) for s in range(3)]
+    queries = torch.randn(2, 16, generator=g)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        h, alpha = depth_read([source(v) for v in values], queries)
+    exact_h, exact_alpha = depth_read([source(v.double()) for v in values], queries.double())
+    assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64
+    torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6)   # not rounded to bf16
+    torch.testing.assert_close(h.double(), exact_h, rtol=1e-5, atol=1e-5)
+
+
+class RecordOps(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, '__name__', str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.assignment1
+def test_depth_read_uses_no_matmul():
+    # a matmul would be rounded to TF32 on GPUs (train.py turns TF32 on for the backbone)
+    values = [torch.randn(2, 3, 8) for _ in range(3)]
+    with RecordOps() as ops:
+        depth_read([source(v) for v in values], torch.randn(2, 8))
+    assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot',
+                              'inner', 'dot', 'baddbmm'} & set(ops.names)
+
+
+def test_model_routing_stays_float32_under_bf16_autocast():
     model = perturb(make('rd_attnres', dtype=torch.float32))
     model.record_routing = True
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        values = [torch.randn(2, 4, 16) for _ in range(3)]
-        h, alpha = depth_read([source(v) for v in values], torch.randn(2, 16))
         logits, loss = model(*batch())
-    assert h.dtype == alpha.dtype == torch.float32
     assert all(r['alpha'].dtype == torch.float32 for r in model.routing)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
 

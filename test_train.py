@@ -116,6 +116,19 @@ def test_data_order_is_a_seeded_permutation_of_whole_windows():
     assert seen == [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]
     assert seen != [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=4)]
     assert seen[n:] != seen[:6]                           # the next epoch is another permutation
+    assert all(isinstance(w, int) for w in seen)          # a list of Python ints
+
+
+@pytest.mark.assignment4
+def test_data_order_is_the_whole_step_whatever_the_processes(monkeypatch):
+    # the order of a step is all ranks' windows together; train.py splits them after. So it must not
+    # depend on how many processes there are, or which one asks
+    alone = [common.step_windows(s, 50, 8, seed=3) for s in range(10)]
+    for rank, world in ((1, 2), (3, 8)):
+        for key, value in dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world).items():
+            monkeypatch.setenv(key, str(value))
+        assert [common.step_windows(s, 50, 8, seed=3) for s in range(10)] == alone
+    assert all(len(w) == 8 for w in alone)
 
 
 def test_lr_warmup_starts_above_zero_and_decays_to_ten_percent():
@@ -148,6 +161,7 @@ def test_two_arms_of_one_seed_are_paired(data_dir, tmp_path):
     assert [r['data_hash'] for _, r in sorted(read_log(other)[0].items())] != hashes['attnres']
 
 
+@pytest.mark.assignment4
 def test_ddp_on_two_processes_equals_one_process_with_accumulation(data_dir, tmp_path):
     args = ['--residual=rd_attnres', '--batch_size=2', '--max_iters=3', '--eval_interval=3']
     run(args, data_dir, str(tmp_path / 'one'))   # 256 / (2 * 32) = 4 micro-steps in one process
