@@ -161,6 +161,8 @@ def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_
     (tmp_path / 'not.safetensors').write_bytes(b'\x00' * 64)
     bad = python('sample.py', f'--weights={tmp_path / "not.safetensors"}')
     assert bad.returncode != 0 and 'cannot be read as a .safetensors file' in bad.stderr
+    missing = python('sample.py', f'--weights={weights}', '--start=FILE:/no/such/prompt.txt', '--device=cpu')
+    assert 'cannot read the prompt file' in missing.stderr and 'Traceback' not in missing.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +231,7 @@ def test_more_bad_input_is_a_message(data_dir, tmp_path):
     (tmp_path / 'syntax.py').write_text('n_layer = = 2\n')
     p = python('train.py', str(tmp_path / 'syntax.py'))
     assert p.returncode != 0 and 'syntax.py, line 1' in p.stderr and 'Traceback' not in p.stderr
-    p = python('sample.py', '--start=FILE:/no/such/prompt.txt', f'--out_dir={tmp_path}', '--device=cpu')
+    p = python('sample.py', '--start=The', f'--out_dir={tmp_path}', '--device=cpu')
     assert 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
     (tmp_path / 'file').write_text('in the way')
     p = run(['--max_iters=2'], data_dir, str(tmp_path / 'file' / 'run'), expect_ok=False)
