@@ -184,7 +184,7 @@ def existing_run(out_dir):
 
 
 def frozen_diff(saved, cfg):
-    """{key: (saved value, value now)} for the keys that decide the model, the data or the schedule."""
+    """{key: (saved value, value now)} for the keys that decide what a run's numbers mean (FROZEN_ON_RESUME)."""
     return {k: (saved.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME if k in saved and saved.get(k) != cfg.get(k)}
 
 
@@ -257,7 +257,7 @@ def validate(cfg):
         raise SystemExit(f"device={cfg['device']!r} but this machine has no CUDA GPU that torch can use (torch "
                          f"{torch.__version__}); use --device=auto or --device=cpu")
     resolve_dtype(cfg['dtype'], 'cpu')   # an unknown dtype is an error here, whatever the device
-    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only']:
+    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only'] and os.environ.get('RANK', '0') == '0':
         print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
               "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
 
