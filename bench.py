@@ -5,6 +5,8 @@ shape, measured side by side in one run.
     python bench.py                                   # the issue's CPU shape: 8 x 256, context 256, batch 16
     python bench.py --compile=True                    # the same under torch.compile
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
+    python bench.py --modes=standard,attnres,rd_attnres,attnres+fast,rd_attnres+fast   # +fast: the reads'
+                                     # backward written by hand (fast_read.py), not autograd of the plain read
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
     python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
     python bench.py --checkpoint=True --n_layer=24 --n_head=16 --n_embd=1024 --block_size=1024   # checksum cost, 343m
@@ -47,14 +49,22 @@ DEFAULTS = dict(
     data_ranks=8,                 # --data: processes that split a step (rank 0's share is timed)
     data_steps=400,               # --data: steps timed
     checkpoint=False,             # instead: time the checksum of a checkpoint of this shape (model + AdamW)
+    traffic=False,                # instead: the depth reads' memory traffic at the paper's shapes, and the
+                                  # overhead it predicts on a GPU (an estimate, see traffic_model)
+    bandwidth=3.35e12,            # --traffic: memory bandwidth in bytes/s (H100 SXM: 3.35 TB/s HBM3)
+    bandwidth_efficiency=0.8,     # --traffic: the share of it a memory-bound kernel reaches
+    mfu=0.4,                      # --traffic: the backbone's model FLOPs utilisation
 )
 
 
 def build(cfg, mode, device):
+    """A mode's model, optimizer and what runs it. 'rd_attnres+fast': the reads trained with their
+    hand-written backward (fast_read.py) instead of autograd of the plain read, to measure what it saves."""
     torch.manual_seed(cfg['seed'])
+    residual, _, variant = mode.partition('+')
     model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                          block_size=cfg['block_size'], residual=mode,
-                          attnres_block_size=cfg['attnres_block_size'])).to(device)
+                          block_size=cfg['block_size'], residual=residual,
+                          attnres_block_size=cfg['attnres_block_size'], fast_backward=variant == 'fast')).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
     runner = torch.compile(model) if cfg['compile'] and not cfg['compile_regional'] else model
     if cfg['compile'] and cfg['compile_regional']:
@@ -147,8 +157,52 @@ def bench_checkpoint(cfg):
           f"checksum {hashed:.2f} s ({size / hashed / 1e9:.2f} GB/s), torch.save to disk {saved:.2f} s")
 
 
+def read_bytes_per_token(model):
+    """Bytes the depth reads of one training step move per token, if each kernel is fused as far as the
+    math allows (what torch.compile approaches): a read of R routes over S float32 sources of width d reads
+    every source twice forward (logits, weighted sum) and writes R outputs; backward (fast_read.py) reads
+    every source twice (the dots with the output gradients, the queries' gradient), reads the R output
+    gradients twice per source (the dots, the source's gradient) and writes each source's gradient."""
+    d = model.config.n_embd
+    return sum(4 * d * (S * (2 + 2 + 1 + 2 * R) + R) for _, R, S in model.read_points())
+
+
+def traffic_model(cfg):
+    """The depth reads' predicted overhead on a GPU: their bytes at its memory bandwidth, against the
+    backbone's FLOPs at its peak and an MFU. An estimate, not a measurement (scripts/gpu_check.sh
+    measures the real overhead beside it)."""
+    shapes = {'120m': dict(n_layer=12, n_head=12, n_embd=768, attnres_block_size=4),
+              '343m': dict(n_layer=24, n_head=16, n_embd=1024, attnres_block_size=6)}
+    peak = cfg['peak_flops'] or 989e12
+    bw = cfg['bandwidth'] * cfg['bandwidth_efficiency']
+    print(f"depth-read traffic per training token (an estimate): float32 sources, fused kernels, "
+          f"{cfg['bandwidth'] / 1e12:g} TB/s x {cfg['bandwidth_efficiency']:g}, backbone at {peak / 1e12:g} TFLOP/s x "
+          f"{100 * cfg['mfu']:g}% MFU, context 1024")
+    print("| shape | mode | read points | MB per 1,000 tokens | backbone GFLOP/token | predicted overhead |")
+    print("|---|---|---:|---:|---:|---:|")
+    rows = []
+    for name, shape in shapes.items():
+        for mode in ('attnres', 'rd_attnres'):
+            with torch.device('meta'):
+                model = GPT(GPTConfig(block_size=1024, residual=mode, **shape))
+            nbytes = read_bytes_per_token(model)
+            backbone = 6 * model.get_num_params() + 12 * shape['n_layer'] * shape['n_embd'] * 1024
+            overhead = (nbytes / bw) / (backbone / (peak * cfg['mfu']))
+            rows.append(dict(shape=name, mode=mode, bytes_per_token=nbytes, backbone_flops_per_token=backbone,
+                             predicted_overhead=overhead))
+            print(f"| {name} | {mode} | {len(model.read_points())} | {nbytes * 1000 / 1e6:,.1f} | "
+                  f"{backbone / 1e9:.3f} | {100 * overhead:.1f}% |")
+    if cfg['json']:
+        with open(cfg['json'], 'a') as f:
+            for r in rows:
+                f.write(json.dumps(r) + '\n')
+    return rows
+
+
 def main(argv):
     cfg = configure(DEFAULTS, argv)
+    if cfg['traffic']:
+        return traffic_model(cfg)
     if cfg['data']:
         return bench_data(cfg)
     if cfg['checkpoint']:
@@ -174,9 +228,10 @@ def main(argv):
         return
 
     modes = cfg['modes'].split(',')
-    unknown = [m for m in modes if m not in RESIDUAL_MODES]
+    unknown = [m for m in modes if m.partition('+')[0] not in RESIDUAL_MODES or m.partition('+')[2] not in ('', 'fast')]
     if unknown:
-        raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}")
+        raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}, each optionally "
+                         "with +fast (the reads' hand-written backward, fast_read.py)")
     tokens = cfg['batch_size'] * cfg['block_size']
     print(f"bench: {cfg['n_layer']} layers x {cfg['n_embd']}, context {cfg['block_size']}, batch {cfg['batch_size']}, "
           f"S={cfg['attnres_block_size']}, {device} {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "
@@ -226,7 +281,9 @@ def main(argv):
         row = dict(mode=mode, step_ms=1000 * dt, tok_per_s=tokens / dt, params=model.get_num_params(),
                    flops_per_token=model.flops_per_token(cfg['block_size']),
                    mfu=model.estimate_mfu(tokens, dt, peak, cfg['block_size']) if peak else None,
-                   time_vs_standard=ratio(mode, 'standard'), time_vs_attnres=ratio(mode, 'attnres'),
+                   time_vs_standard=ratio(mode, 'standard'),
+                   time_vs_attnres=ratio(mode, 'attnres+fast' if mode.endswith('+fast') and 'attnres+fast' in times
+                                         else 'attnres'),
                    peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
                    mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
                    spread_ms=[1000 * min(flat), 1000 * max(flat)],

@@ -35,6 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fast_read import depth_read_fast
+
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
 # The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses.
 # The first route is always attn_query's, so tying a mode's second query to it gives attnres back.
@@ -62,6 +64,8 @@ class GPTConfig:
     n_embd: int = 768
     residual: str = 'standard'     # one of RESIDUAL_MODES
     attnres_block_size: int = 4    # S: sublayers per AttnRes block (1 = Full AttnRes)
+    fast_backward: bool = False    # train the reads with a hand-written backward (fast_read.py: the same
+                                   # function; not faster on CPU, measured: README "Performance")
 
     def __post_init__(self):
         if self.residual not in RESIDUAL_MODES:
@@ -230,9 +234,10 @@ class DepthRead(nn.Module):
     starts as the uniform average of its sources), and the gain of its key RMSNorm (ones), which it
     folds into the queries. Both routes of a two-route read share the sources and the key norm."""
 
-    def __init__(self, d, sublayer, layer, routes, frozen=()):
+    def __init__(self, d, sublayer, layer, routes, frozen=(), fast_backward=False):
         super().__init__()
         self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: query name}
+        self.fast_backward = fast_backward
         for name in dict.fromkeys(routes.values()):
             if name in frozen:
                 self.register_buffer(name, torch.zeros(d))   # not learned: this route stays uniform
@@ -245,7 +250,10 @@ class DepthRead(nn.Module):
         ### BEGIN SOLUTION 2
         queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
         ### END SOLUTION
-        h, alpha = depth_read(sources, queries)
+        if self.fast_backward and torch.is_grad_enabled():   # the same read, its backward by hand (fast_read.py)
+            h, alpha = depth_read_fast(depth_read, sources, queries)
+        else:
+            h, alpha = depth_read(sources, queries)
         if log is not None:
             for r, route in enumerate(self.routes):
                 log.append(summarise_read(self.sublayer, self.layer, route, alpha[r]))
@@ -277,8 +285,8 @@ class Block(nn.Module):
         if mode == 'standard':
             return
         self.attn_read = DepthRead(d, 2 * layer, layer, ATTENTION_ROUTES[mode],
-                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else ())
-        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'})
+                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else (), fast_backward=config.fast_backward)
+        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'}, fast_backward=config.fast_backward)
         if mode == 'ctrl_params':
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector, spent as a gain
 
@@ -318,7 +326,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         if config.residual != 'standard':  # the read after the last sublayer, into the final norm and head
-            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'})
+            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'},
+                                        fast_backward=config.fast_backward)
         cos, sin = rotary_tables(config.block_size, config.n_embd // config.n_head)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)

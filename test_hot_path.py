@@ -170,3 +170,20 @@ def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, 
     assert train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=2 ** 19), 8, True) == (4, 512)
     with pytest.raises(SystemExit, match='batch_size=12 works'):   # 24 windows per process: 16 does not divide them
         train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=1024 * 6 * 24), 6, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The depth reads' memory traffic: the estimate that scripts/gpu_check.sh puts beside the measurement
+
+def test_traffic_model_counts_every_read_point():
+    import bench
+    from model import GPT, GPTConfig
+    with torch.device('meta'):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, residual='rd_attnres', attnres_block_size=2))
+    # (routes, sources) of each read: sublayers 0..3 and the final read
+    reads = [(2, 1), (1, 2), (2, 2), (1, 3), (1, 3)]
+    assert bench.read_bytes_per_token(model) == sum(4 * 16 * (S * (5 + 2 * R) + R) for R, S in reads)
+    rows = bench.traffic_model(dict(bench.DEFAULTS, traffic=True))
+    by = {(r['shape'], r['mode']): r['predicted_overhead'] for r in rows}
+    assert set(by) == {(s, m) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres')}
+    assert all(by[(s, 'rd_attnres')] > by[(s, 'attnres')] > 0 for s in ('120m', '343m'))

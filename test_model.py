@@ -516,6 +516,54 @@ def test_ctrl_heads_projects_each_head_once(mode):
     assert flops[mode] == flops['rd_attnres'] > 0
 
 
+@pytest.mark.parametrize('S', [1, 2, 3, 5, 7])
+@pytest.mark.parametrize('R', [1, 2])
+def test_hand_written_backward_of_a_read_is_exact(S, R):
+    # fast_read.py: the read's forward pass is depth_read itself; its backward, written by hand, must be
+    # the derivative (gradcheck against finite differences) and equal autograd of the plain read
+    from fast_read import depth_read_fast
+    g = torch.Generator().manual_seed(S * 10 + R)
+    xs = [(torch.randn(2, 3, 8, generator=g, dtype=torch.float64) * (1 + s)).requires_grad_() for s in range(S)]
+    q = torch.randn(R, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    fast = lambda q, *xs: depth_read_fast(depth_read, [source(x) for x in xs], q)   # noqa: E731
+    assert torch.autograd.gradcheck(fast, (q, *xs))
+    (h, alpha), (hp, alphap) = fast(q, *xs), depth_read([source(x) for x in xs], q)
+    assert torch.equal(h, hp) and torch.equal(alpha, alphap)
+    w, wa = torch.randn(h.shape, generator=g, dtype=torch.float64), torch.randn(alpha.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((h * w).sum() + (alpha * wa).sum(), (q, *xs))
+    plain = torch.autograd.grad((hp * w).sum() + (alphap * wa).sum(), (q, *xs))
+    for a, b in zip(grads, plain):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
+def test_models_train_the_same_with_either_backward(mode):
+    idx, targets = batch()
+    losses, grads = [], []
+    for fast in (True, False):
+        torch.manual_seed(0)
+        model = perturb(GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=3, n_head=2, n_embd=16, residual=mode,
+                                      attnres_block_size=2, fast_backward=fast)).double())
+        loss = model(idx, targets)[1]
+        loss.backward()
+        losses.append(loss)
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert torch.equal(losses[0], losses[1])                       # the forward pass is the same read
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-10, atol=1e-12, msg=name)
+    # under bf16 autocast the reads stay float32 with either backward, and agree to float32 precision
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for fast in (True, False):
+            torch.manual_seed(0)
+            model = perturb(GPT(GPTConfig(block_size=32, vocab_size=VOCAB, n_layer=3, n_head=2, n_embd=16,
+                                          residual=mode, attnres_block_size=2, fast_backward=fast)))
+            model(idx, targets)[1].backward()
+            grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name in grads[2]:
+        assert grads[2][name].dtype == torch.float32
+        torch.testing.assert_close(grads[2][name], grads[3][name], rtol=2e-3, atol=1e-5, msg=name)
+
+
 def test_too_long_sequence_is_refused():
     model = make('attnres')
     with pytest.raises(ValueError, match='exceeds block_size=32'):

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_check}"
 MODES="${MODES:-standard,attnres,rd_attnres,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_heads}"
 mkdir -p "$OUT"
-rm -f "$OUT"/bench_*.jsonl
+rm -f "$OUT"/bench_*.jsonl "$OUT"/traffic.jsonl
 # compiled graphs are cached here: a second run of this script (or of train.py with the same variable)
 # reuses them
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/$OUT/inductor_cache}"
@@ -28,6 +28,7 @@ COMMON="--device=cuda --dtype=bfloat16 --compile=True --batch_size=16 --warmup=2
 
 echo "== 1. every mode at the 120m shape (compiled, bf16, micro-batch 16)"
 python bench.py $SHAPE_120M $COMMON --modes="$MODES" --rounds=3 --json="$OUT/bench_120m.jsonl" | tee "$OUT/bench_120m.txt"
+python bench.py --traffic=True --json="$OUT/traffic.jsonl" > "$OUT/traffic.txt"
 echo "== 2. one rd_343m micro-batch of 16"
 python bench.py $SHAPE_343M $COMMON --modes=rd_attnres --rounds=1 --json="$OUT/bench_343m.jsonl" | tee "$OUT/bench_343m.txt"
 
@@ -58,4 +59,13 @@ for r in rows:
           f"| {f(r['time_vs_attnres'], '.3f')} | {f(r['peak_mem_mb'] and r['peak_mem_mb'] / 1024, '.1f')} "
           f"| {f(r['first_step_s'], '.0f')} |")
 print(f"\ntorchrun, 2 processes: {ddp}")
+# the measured overhead of depth routing at the 120m shape, beside the traffic model's estimate
+measured = {r['mode']: r['time_vs_standard'] for r in rows if r['config']['n_layer'] == 12}
+estimate = {r['mode']: r['predicted_overhead'] for l in open(f"{out}/traffic.jsonl")
+            for r in [json.loads(l)] if r['shape'] == '120m'}
+print("\n| 120m, compiled bf16 | measured step time x standard | estimated (bench.py --traffic, from bandwidth) |")
+print("|---|---:|---:|")
+for mode in ('attnres', 'rd_attnres'):
+    if mode in measured:
+        print(f"| {mode} | {measured[mode]:.3f} | {1 + estimate[mode]:.3f} |")
 PY
