@@ -74,7 +74,7 @@ def solution_lines(n, path):
 
 def check(folder, n):
     p = subprocess.run([sys.executable, 'course.py', 'check', str(n)], cwd=folder, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
     return p.returncode, p.stdout.strip().splitlines()[-1], p.stdout
 
 
