@@ -4,7 +4,6 @@ real train.py runs of a tiny model on the built-in corpus, stopped by signals as
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
