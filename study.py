@@ -283,7 +283,8 @@ def report(name, root='.', plots=True):
     sections = [f"# Study `{name}`: paired results\n\n(python study.py report {name}; tables by compare.py, "
                 f"Δ = NLL(arm) − NLL(base), validation NLL at the last step)\n"]
     for folder in folders:
-        loaded = [r for r in map(compare.load_run, sorted(glob.glob(os.path.join(root, folder, '*')))) if r]
+        paths = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(root, folder, '*')))   # (as written in the report)
+        loaded = [r for r in map(compare.load_run, paths) if r]
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
         sections.append(f"## {folder}\n")
         sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
