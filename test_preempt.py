@@ -168,3 +168,10 @@ def test_two_processes_stop_together_whoever_gets_the_signal(data_dir, tmp_path)
     run(PREEMPT, data_dir, out, launcher=TORCHRUN)
     run(PREEMPT, data_dir, full, launcher=TORCHRUN)
     assert_same_run(out, full)
+
+
+def test_the_signal_handlers_are_given_back(data_dir, tmp_path):
+    # a process that calls train.main (a test, a notebook) must still be stoppable by SIGTERM afterwards
+    before = {sig: signal.getsignal(sig) for sig in train.STOP_SIGNALS}
+    train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}', '--max_iters=1'])
+    assert {sig: signal.getsignal(sig) for sig in train.STOP_SIGNALS} == before

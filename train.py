@@ -206,6 +206,7 @@ def main(argv):
     cfg = configure(DEFAULTS, argv)
     validate(cfg)          # every key, before anything is written
     procs = start_processes(cfg)
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}   # train() replaces them (preemption)
     try:
         code = train(cfg, procs)
         if procs.ddp:
@@ -219,6 +220,8 @@ def main(argv):
                          "To continue: the same command with --init_from=auto. (SIGTERM instead of Ctrl-C "
                          "stops at the next log step with a checkpoint.)") from None
     finally:
+        for sig, handler in handlers.items():   # (a caller in the same process, e.g. a test, gets its own back)
+            signal.signal(sig, handler)
         # also on an error: a rank that leaves without this makes the others hang until NCCL times out
         if procs.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
