@@ -335,17 +335,17 @@ def grade_one(n, submission, limit=None):
         tests, errors, timed_out, seconds = ({}, [], False, 0.0) if problem else run_tests(n, tree, limit)
     status = 'graded' if not (problem or errors or timed_out) else \
         'no answer' if problem else 'timed out' if timed_out else 'error'
-    lines, marks = [], {}
+    by_concept, marks = {}, {}   # each concept's feedback lines, and its marks
     for c in concepts:
         ids = [t for t in expected if function_name(t) in c.tests]
         failed = [(t, tests.get(t, (False, 'timed out' if timed_out else 'did not run'))[1]) for t in ids
                   if not tests.get(t, (False, ''))[0]]
         marks[c.name] = 0 if failed else c.marks
-        lines.append(f"  {'PASS' if not failed else 'FAIL'} {marks[c.name]}/{c.marks}  {c.name}")
-        for t, message in failed[:3]:
-            lines.append(f"         {function_name(t)}: {message}")
+        lines = [f"  {'PASS' if not failed else 'FAIL'} {marks[c.name]}/{c.marks}  {c.name}"]
+        lines += [f"         {function_name(t)}: {message}" for t, message in failed[:3]]
         if failed:
             lines.append(f"         ({len(failed)} of {len(ids)} tests failed) hint: {c.hint}")
+        by_concept[c.name] = lines
     score = sum(marks.values())
     head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {submission}"]
     if problem:
@@ -355,9 +355,9 @@ def grade_one(n, submission, limit=None):
     if timed_out:
         head.append(f"  timed out after {limit:.0f} s (the reference takes {ref_seconds:.0f} s): what did not finish "
                     "scores 0")
-    feedback = '\n'.join(head + lines + [f"score: {score}/{total}"])
+    feedback = '\n'.join(head + [line for c in concepts for line in by_concept[c.name]] + [f"score: {score}/{total}"])
     return dict(submission=submission, marks=marks, score=score, total=total, status=status,
-                seconds=round(seconds, 1), feedback=feedback)
+                seconds=round(seconds, 1), feedback=feedback, head=head, by_concept=by_concept)
 
 
 def submissions_in(n, folder):
@@ -373,24 +373,10 @@ def submissions_in(n, folder):
 
 def gradescope_json(result, n):
     """Gradescope's autograder format (results.json): one test per concept, with its marks and feedback."""
-    concepts = ASSIGNMENTS[n]['concepts']
-    lines = result['feedback'].split('\n')
-    return dict(score=result['score'], execution_time=result['seconds'], output='\n'.join(lines[:1] + [
-        line for line in lines if line.startswith('  not graded') or line.startswith('  the code') or
-        line.startswith('  timed out')]),
-        tests=[dict(name=c.name, score=result['marks'][c.name], max_score=c.marks, visibility='visible',
-                    output='\n'.join(line.strip() for line in section(lines, c.name))) for c in concepts])
-
-
-def section(lines, name):
-    """The feedback lines of one concept."""
-    out, on = [], False
-    for line in lines:
-        if line.startswith(('  PASS', '  FAIL')):
-            on = line.endswith(name)
-        if on:
-            out.append(line)
-    return out
+    return dict(score=result['score'], execution_time=result['seconds'], output='\n'.join(result['head']),
+                tests=[dict(name=c.name, score=result['marks'][c.name], max_score=c.marks, visibility='visible',
+                            output='\n'.join(line.strip() for line in result['by_concept'][c.name]))
+                       for c in ASSIGNMENTS[n]['concepts']])
 
 
 def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1):
