@@ -8,6 +8,7 @@ shape, measured side by side in one run.
     python bench.py --modes=standard,attnres,rd_attnres,attnres+fast,rd_attnres+fast   # +fast: the reads'
                                      # backward written by hand (fast_read.py), not autograd of the plain read
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
+    python bench.py --compile_cost=True --modes=standard,rd_attnres --n_layer=12   # what a cold compile consists of
     python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
     python bench.py --checkpoint=True --n_layer=24 --n_head=16 --n_embd=1024 --block_size=1024   # checksum cost, 343m
 
@@ -44,6 +45,9 @@ DEFAULTS = dict(
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
     json='',                      # append one JSON object per mode to this file
     probe='',                     # internal: measure the peak memory of this one mode and exit
+    compile_cost=False,           # instead: compile each mode cold (a fresh process and compile cache) and
+                                  # report what the compile consists of: graph nodes, kernels, seconds
+    compile_probe='',             # internal: compile this one mode cold and print its numbers as JSON
     data=False,                   # instead: time train.py's host-side data work per step (no model)
     data_windows=2_050_000,       # --data: windows of training data: FineWeb-Edu's 2.1B tokens at T=1024
     data_ranks=8,                 # --data: processes that split a step (rank 0's share is timed)
@@ -125,6 +129,60 @@ def peak_memory_of(mode, argv):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f'--probe={mode}',
                           '--cpu_malloc_tuning=False'], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
+
+
+def compile_probe(cfg, mode, device, x, y, ptdtype):
+    """Child process of --compile_cost, with a fresh TORCHINDUCTOR_CACHE_DIR: the forward graph dynamo
+    captures (nodes), then the first compiled training step, the kernels inductor generated for it and
+    where its compile time went (torch._dynamo.utils.compile_times: seconds summed over threads)."""
+    import torch._dynamo
+    from torch._dynamo.utils import compile_times
+    from torch._inductor import metrics
+    model, _, optimizer = build(dict(cfg, compile=False), mode, device)
+    nodes = []
+
+    def count_nodes(gm, example_inputs):
+        nodes.append(len(gm.graph.nodes))
+        return gm
+    torch.compile(model, backend=count_nodes)(x, y)
+    torch._dynamo.reset()
+    metrics.reset()
+    step = make_step(torch.compile(model), optimizer, x, y, device, ptdtype)
+    t0 = time.perf_counter()
+    step()
+    first_step = time.perf_counter() - t0
+    names, seconds = compile_times(repr='csv', aggregate=True)
+    phases = dict(zip(names, (float(s) for s in seconds)))
+    built = sum(len(files) for _, _, files in os.walk(os.environ['TORCHINDUCTOR_CACHE_DIR']) for f in files
+                if f.endswith('.so'))
+    print(json.dumps(dict(mode=mode, n_layer=cfg['n_layer'], graph_nodes=sum(nodes), first_step_s=first_step,
+                          kernels=metrics.generated_kernel_count, kernel_libraries_built=built,
+                          kernel_build_s=phases.get('compile_file'), codegen_s=phases.get('Scheduler.codegen'),
+                          lowering_s=phases.get('GraphLowering.run'))))
+
+
+def compile_cost(cfg, argv, modes):
+    """--compile_cost: each mode compiled cold in a process of its own (nothing shared through memory or
+    disk), one after the other."""
+    import tempfile
+    print(f"cold compile, first training step: {cfg['n_layer']} layers x {cfg['n_embd']}, context {cfg['block_size']}, "
+          f"batch {cfg['batch_size']}, S={cfg['attnres_block_size']}, torch {torch.__version__}")
+    print("| mode | layers | first step s | forward graph nodes | kernels generated | kernel libraries built "
+          "| kernel build s (summed over workers) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for mode in modes:
+        with tempfile.TemporaryDirectory() as cache:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f'--compile_probe={mode}'],
+                                 capture_output=True, text=True, env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache))
+        if out.returncode != 0:
+            raise SystemExit(f"compiling {mode} failed:\n{out.stderr[-3000:]}")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        build_s = '-' if r['kernel_build_s'] is None else f"{r['kernel_build_s']:.1f}"
+        print(f"| {mode} | {r['n_layer']} | {r['first_step_s']:.1f} | {r['graph_nodes']:,} | {r['kernels']} "
+              f"| {r['kernel_libraries_built']} | {build_s} |", flush=True)
+        if cfg['json']:
+            with open(cfg['json'], 'a') as f:
+                f.write(json.dumps(dict(r, config=cfg)) + '\n')
 
 
 def peak_rss():
@@ -216,6 +274,8 @@ def main(argv):
     data = torch.randint(0, 50257, (cfg['batch_size'], cfg['block_size'] + 1), generator=g).to(device)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
+    if cfg['compile_probe']:
+        return compile_probe(cfg, cfg['compile_probe'], device, x, y, ptdtype)
     if cfg['probe']:  # child process: warm up, a few steps, report the peak
         model, runner, optimizer = build(cfg, cfg['probe'], device)
         step = make_step(runner, optimizer, x, y, device, ptdtype)
@@ -232,6 +292,8 @@ def main(argv):
     if unknown:
         raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}, each optionally "
                          "with +fast (the reads' hand-written backward, fast_read.py)")
+    if cfg['compile_cost']:
+        return compile_cost(cfg, argv, modes)
     tokens = cfg['batch_size'] * cfg['block_size']
     print(f"bench: {cfg['n_layer']} layers x {cfg['n_embd']}, context {cfg['block_size']}, batch {cfg['batch_size']}, "
           f"S={cfg['attnres_block_size']}, {device} {cfg['dtype']}, {'compiled' if cfg['compile'] else 'eager'}, "

@@ -5,6 +5,7 @@ The paper's paired table (and plots) from run directories written by train.py.
     python compare.py out/* --step 1000           # at an earlier evaluation step (runs in progress too)
     python compare.py out/* --json results.json --plot plots/
     python compare.py out/* --pair rd_attnres:ctrl_heads    # also any two arms side by side
+    python compare.py out/* --routing             # and how far apart each two-route run's routes read
 
 Runs are grouped by model shape and budget, paired by seed, and each arm is compared with its
 parent: rd_attnres and the controls with attnres, attnres with standard; --pair ARM:BASE adds
@@ -200,6 +201,31 @@ def markdown(results):
     return '\n'.join(out)
 
 
+def routing_table(runs, step=None):
+    """For each run whose attention reads have two routes that differ (rd_attnres, ctrl_heads): how far
+    apart they read at each layer (JS divergence in nats) and where each reads from at the last layer
+    (mean source index: 0 = the embedding, n = block n), at the step compared. Markdown, or '' if none."""
+    rows = []
+    for run in sorted(runs, key=lambda r: (r['config']['residual'], r['config']['seed'])):
+        at = step if step is not None else run['config']['max_iters']
+        summary = ((run['evals'].get(at) or {}).get('routing') or {}).get('summary')
+        if not summary:
+            continue
+        js_key = next(k for k in summary[0] if k.startswith('js_'))
+        first, second = js_key[3:].split('_')                      # the route names, e.g. qk and v
+        js = [row[js_key] for row in summary]
+        if not any(js):                                            # one route, or two that never separated
+            continue
+        last = summary[-1]
+        rows.append(f"| {run['name']} | {at} | {' '.join(f'{j:.4f}' for j in js)} | {max(js):.4f} "
+                    f"| {first} {last['depth_' + first]:.2f}, {second} {last['depth_' + second]:.2f} |")
+    if not rows:
+        return ''
+    return '\n'.join(["### Routing of the two-route runs\n",
+                      "| run | step | JS between the routes, layer 0, 1, ... (nats) | max JS | mean source index at the last layer |",
+                      "|---|---:|---|---:|---|", *rows, ""])
+
+
 def write_json(path, results):
     """The numbers as JSON; a NaN (the sd and interval of a single pair) is written as null, valid JSON."""
     def clean(x):
@@ -305,6 +331,8 @@ def main(argv=None):
     ap.add_argument('--strict', action='store_true', help="exit non-zero if any run could not be paired")
     ap.add_argument('--pair', action='append', default=[], metavar='ARM:BASE',
                     help="also compare ARM with BASE, e.g. rd_attnres:ctrl_heads (repeatable)")
+    ap.add_argument('--routing', action='store_true',
+                    help="also print how far apart the two routes of each two-route run read, per layer")
     args = ap.parse_args(argv)
     extra = [tuple(p.split(':')) for p in args.pair]
     if any(len(p) != 2 or not all(p) for p in extra):
@@ -316,6 +344,8 @@ def main(argv=None):
     results, groups, refused = compare(runs, args.step, extra)
     if results:
         print(markdown(results))
+    if args.routing and routing_table(runs, args.step):
+        print(routing_table(runs, args.step))
     if refused:
         print(f"### Refused ({len(refused)} runs left out of every table above)\n")
         print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')

@@ -215,6 +215,16 @@ class Stop:
             self.child.send_signal(signal.SIGTERM)
 
 
+def run_env(root):
+    """The runs' environment: this one, with TORCHINDUCTOR_CACHE_DIR set to <root>/inductor_cache unless it is set
+    already. Every run of a study then shares one compile cache: the first run of a mode and shape compiles
+    its kernels, the other seeds load them (README "Compile time"). Inductor writes its cache files to a
+    temporary name and renames them, so runs on several nodes may share the folder."""
+    env = dict(os.environ)
+    env.setdefault('TORCHINDUCTOR_CACHE_DIR', os.path.abspath(os.path.join(root, 'inductor_cache')))
+    return env
+
+
 def launch(run, root, launcher, extra, index, stop):
     """Run one run to its end (or its checkpoint after a signal); its output is appended to train.out."""
     path = os.path.join(root, run.out_dir)
@@ -223,7 +233,8 @@ def launch(run, root, launcher, extra, index, stop):
     with open(os.path.join(path, 'train.out'), 'a') as out:
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
-        stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, start_new_session=True)
+        stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, env=run_env(root),
+                                      start_new_session=True)
         if stop.signal:                   # a signal that came while the run was being started
             stop.child.send_signal(signal.SIGTERM)
         code = stop.child.wait()

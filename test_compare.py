@@ -183,3 +183,21 @@ def test_any_two_arms_side_by_side(tmp_path, capsys):
     assert '### rd_attnres vs ctrl_heads' in capsys.readouterr().out
     with pytest.raises(SystemExit, match='ARM:BASE'):
         compare.main([os.path.join(root, '*'), '--pair', 'rd_attnres'])
+
+
+def test_routing_table_shows_the_runs_whose_two_routes_separated():
+    def run(name, residual, js_key, js, depths, step=100):
+        a, b = js_key[3:].split('_')
+        summary = [{'layer': i, js_key: j, f'depth_{a}': depths[0], f'depth_{b}': depths[1]} for i, j in enumerate(js)]
+        return dict(name=name, config=dict(residual=residual, seed=1, max_iters=100),
+                    evals={step: dict(step=step, val_loss=3.0, routing=dict(summary=summary))})
+    runs = [run('rd_s1', 'rd_attnres', 'js_qk_v', [0.0, 0.0125, 0.0309], (1.89, 1.31)),
+            run('heads_s1', 'ctrl_heads', 'js_heads1_heads2', [0.0, 0.0053, 0.001], (1.48, 1.39)),
+            run('attnres_s1', 'attnres', 'js_qk_v', [0.0, 0.0, 0.0], (1.2, 1.2)),        # one route: left out
+            run('rd_s2', 'rd_attnres', 'js_qk_v', [0.0, 0.5, 0.5], (1.0, 0.0), step=50)]  # not evaluated at 100
+    table = compare.routing_table(runs).splitlines()
+    rows = [line for line in table if line.startswith('| rd_') or line.startswith('| heads_') or line.startswith('| attnres_')]
+    assert rows == ['| heads_s1 | 100 | 0.0000 0.0053 0.0010 | 0.0053 | heads1 1.48, heads2 1.39 |',
+                    '| rd_s1 | 100 | 0.0000 0.0125 0.0309 | 0.0309 | qk 1.89, v 1.31 |']
+    assert '| rd_s2 | 50 | 0.0000 0.5000 0.5000 | 0.5000 | qk 1.00, v 0.00 |' in compare.routing_table(runs, step=50)
+    assert compare.routing_table(runs[2:3]) == ''

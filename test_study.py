@@ -112,6 +112,22 @@ def test_a_failing_run_stops_the_study_naming_it(data_dir, tmp_path):
     assert not os.path.exists(tmp_path / 'runs' / 'attnres_s3')
 
 
+def test_runs_of_a_study_share_one_compile_cache(tmp_path, monkeypatch):
+    """Each run is started with TORCHINDUCTOR_CACHE_DIR=<root>/inductor_cache, so seeds 2-5 load the kernels
+    that seed 1 compiled; a cache folder the user set is left as it is."""
+    seen = tmp_path / 'seen'
+    launcher = f"sh -c 'printf %s \"$TORCHINDUCTOR_CACHE_DIR\" > {seen}' sh"   # stands in for python/torchrun
+    stop = study.Stop.__new__(study.Stop)        # without installing its signal handlers in pytest
+    stop.signal = stop.child = None
+    run = study.Run('config/study_cpu.py', 1, 'runs/attnres_s1')
+    monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR', raising=False)
+    assert study.launch(run, str(tmp_path), launcher, (), 1, stop) == 0
+    assert seen.read_text() == str(tmp_path / 'inductor_cache')
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', '/scratch/my-cache')
+    assert study.launch(run, str(tmp_path), launcher, (), 1, stop) == 0
+    assert seen.read_text() == '/scratch/my-cache'
+
+
 # ---------------------------------------------------------------------------------------------
 # scripts/slurm_study.sh, with stand-ins for srun and scontrol
 
