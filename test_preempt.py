@@ -21,9 +21,16 @@ def command(args, data_dir, out_dir, launcher=(sys.executable,)):
     return [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
 
 
+def default_ctrl_c():
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec:
+    # a suite run with `pytest &` (or from such a job) would start runs that Ctrl-C cannot reach.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, data_dir, out_dir, launcher=(sys.executable,)):
     return subprocess.Popen(command(args, data_dir, out_dir, launcher), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'))
+                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                            preexec_fn=default_ctrl_c)
 
 
 def logged_steps(out_dir):
