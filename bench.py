@@ -153,8 +153,7 @@ def compile_probe(cfg, mode, device, x, y, ptdtype):
     first_step = time.perf_counter() - t0
     names, seconds = compile_times(repr='csv', aggregate=True)
     phases = dict(zip(names, (float(s) for s in seconds)))
-    built = sum(len(files) for _, _, files in os.walk(os.environ['TORCHINDUCTOR_CACHE_DIR']) for f in files
-                if f.endswith('.so'))
+    built = sum(f.endswith('.so') for _, _, files in os.walk(os.environ['TORCHINDUCTOR_CACHE_DIR']) for f in files)
     print(json.dumps(dict(mode=mode, n_layer=cfg['n_layer'], graph_nodes=sum(nodes), first_step_s=first_step,
                           kernels=metrics.generated_kernel_count, kernel_libraries_built=built,
                           kernel_build_s=phases.get('compile_file'), codegen_s=phases.get('Scheduler.codegen'),
