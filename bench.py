@@ -180,8 +180,13 @@ def compile_cost(cfg, argv, modes):
         print(f"| {mode} | {r['n_layer']} | {r['first_step_s']:.1f} | {r['graph_nodes']:,} | {r['kernels']} "
               f"| {r['kernel_libraries_built']} | {build_s} |", flush=True)
         if cfg['json']:
-            with open(cfg['json'], 'a') as f:
-                f.write(json.dumps(dict(r, config=cfg)) + '\n')
+            append_jsonl(cfg['json'], [dict(r, config=cfg)])
+
+
+def append_jsonl(path, rows):
+    """--json: one JSON object per row, appended to path."""
+    with open(path, 'a') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in rows))
 
 
 def peak_rss():
@@ -250,9 +255,7 @@ def traffic_model(cfg):
             print(f"| {name} | {mode} | {len(model.read_points())} | {nbytes * 1000 / 1e6:,.1f} | "
                   f"{backbone / 1e9:.3f} | {100 * overhead:.1f}% |")
     if cfg['json']:
-        with open(cfg['json'], 'a') as f:
-            for r in rows:
-                f.write(json.dumps(r) + '\n')
+        append_jsonl(cfg['json'], rows)
     return rows
 
 
@@ -360,9 +363,7 @@ def main(argv):
               f"| {r['flops_per_token'] / 1e9:.3f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} "
               f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} | {fmt(r['first_step_s'], '.1f')} |")
     if cfg['json']:
-        with open(cfg['json'], 'a') as f:
-            for r in rows:
-                f.write(json.dumps(r) + '\n')
+        append_jsonl(cfg['json'], rows)
 
 
 if __name__ == '__main__':

@@ -344,8 +344,9 @@ def main(argv=None):
     results, groups, refused = compare(runs, args.step, extra)
     if results:
         print(markdown(results))
-    if args.routing and routing_table(runs, args.step):
-        print(routing_table(runs, args.step))
+    routing = routing_table(runs, args.step) if args.routing else ''
+    if routing:
+        print(routing)
     if refused:
         print(f"### Refused ({len(refused)} runs left out of every table above)\n")
         print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')

@@ -299,8 +299,9 @@ def report(name, root='.', plots=True):
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
         sections.append(f"## {folder}\n")
         sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
-        if compare.routing_table(loaded):
-            sections.append(compare.routing_table(loaded))
+        routing = compare.routing_table(loaded)
+        if routing:
+            sections.append(routing)
         if refused:
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
         json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
