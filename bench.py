@@ -153,11 +153,16 @@ def compile_probe(cfg, mode, device, x, y, ptdtype):
     first_step = time.perf_counter() - t0
     names, seconds = compile_times(repr='csv', aggregate=True)
     phases = dict(zip(names, (float(s) for s in seconds)))
-    built = sum(f.endswith('.so') for _, _, files in os.walk(os.environ['TORCHINDUCTOR_CACHE_DIR']) for f in files)
     print(json.dumps(dict(mode=mode, n_layer=cfg['n_layer'], graph_nodes=sum(nodes), first_step_s=first_step,
-                          kernels=metrics.generated_kernel_count, kernel_libraries_built=built,
+                          kernels=metrics.generated_kernel_count,
+                          kernel_libraries_built=kernel_libraries(os.environ['TORCHINDUCTOR_CACHE_DIR']),
                           kernel_build_s=phases.get('compile_file'), codegen_s=phases.get('Scheduler.codegen'),
                           lowering_s=phases.get('GraphLowering.run'))))
+
+
+def kernel_libraries(cache_dir):
+    """The kernels inductor built on CPU: one shared library (.so) each, anywhere under its cache folder."""
+    return sum(f.endswith('.so') for _, _, files in os.walk(cache_dir) for f in files)
 
 
 def compile_cost(cfg, argv, modes):

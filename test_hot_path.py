@@ -187,3 +187,14 @@ def test_traffic_model_counts_every_read_point():
     by = {(r['shape'], r['mode']): r['predicted_overhead'] for r in rows}
     assert set(by) == {(s, m) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres')}
     assert all(by[(s, 'rd_attnres')] > by[(s, 'attnres')] > 0 for s in ('120m', '343m'))
+
+
+def test_compile_cost_counts_each_kernel_library_once(tmp_path):
+    import bench
+    # inductor's cache: a folder per kernel with its source, its library and a lock; a .so elsewhere too
+    for name, files in {'ab': ('k1.cpp', 'k1.so', 'k1.lock'), 'cd': ('k2.cpp', 'k2.so'), 'ef': ('k3.cpp',)}.items():
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text('')
+    (tmp_path / 'k4.so').write_text('')
+    assert bench.kernel_libraries(str(tmp_path)) == 3
