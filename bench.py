@@ -2,11 +2,10 @@
 The cost of depth routing: step time, tokens/s, MFU and peak memory of every residual mode at one
 shape, measured side by side in one run.
 
-    python bench.py                                   # the issue's CPU shape: 8 x 256, context 256, batch 16
+    python bench.py                                   # the CPU shape: 8 x 256, context 256, batch 16
     python bench.py --compile=True                    # the same under torch.compile
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
-    python bench.py --modes=standard,attnres,rd_attnres,attnres+fast,rd_attnres+fast   # +fast: the reads'
-                                     # backward written by hand (fast_read.py), not autograd of the plain read
+    python bench.py --modes=standard,rd_attnres,rd_attnres+two_phase --compile=True   # the two reads side by side
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
     python bench.py --compile_cost=True --modes=standard,rd_attnres --n_layer=12   # what a cold compile consists of
     python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
@@ -22,6 +21,7 @@ mode; on CUDA the allocator's peak during the mode's warm-up, less what other mo
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -62,13 +62,13 @@ DEFAULTS = dict(
 
 
 def build(cfg, mode, device):
-    """A mode's model, optimizer and what runs it. 'rd_attnres+fast': the reads trained with their
-    hand-written backward (fast_read.py) instead of autograd of the plain read, to measure what it saves."""
+    """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase': its reads computed in two phases
+    (two_phase_read.py) instead of the plain read."""
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
     model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                          block_size=cfg['block_size'], residual=residual,
-                          attnres_block_size=cfg['attnres_block_size'], fast_backward=variant == 'fast')).to(device)
+                          block_size=cfg['block_size'], residual=residual, attnres_block_size=cfg['attnres_block_size'],
+                          depth_read=variant or 'plain')).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
     runner = torch.compile(model) if cfg['compile'] and not cfg['compile_regional'] else model
     if cfg['compile'] and cfg['compile_regional']:
@@ -113,8 +113,8 @@ def bench_data(cfg):
     epoch_steps = cfg['data_windows'] // windows_per_step
     print(f"data work per step, rank 0 of {world}: {windows_per_step} windows per step of 2^19 tokens, "
           f"{len(mine) // B} micro-batches of {B} x {T}, {cfg['data_windows']:,} windows of data")
-    print(f"first step {1000 * times[0]:.1f} ms (it builds the epoch's permutation, which the loop used to "
-          f"rebuild every step); the next {len(rest)} steps: median {1000 * statistics.median(rest):.2f} ms, "
+    print(f"first step {1000 * times[0]:.1f} ms (it builds the epoch's permutation, once per epoch); "
+          f"the next {len(rest)} steps: median {1000 * statistics.median(rest):.2f} ms, "
           f"mean {1000 * statistics.mean(rest):.2f} ms, max {1000 * max(rest):.1f} ms; amortised over an epoch "
           f"({epoch_steps:,} steps): {1000 * (times[0] + (epoch_steps - 1) * statistics.mean(rest)) / epoch_steps:.2f} ms")
     print(f"CPU time of this process (what a busy machine's other work cannot inflate): first step "
@@ -225,13 +225,41 @@ def bench_checkpoint(cfg):
 
 
 def read_bytes_per_token(model):
-    """Bytes the depth reads of one training step move per token, if each kernel is fused as far as the
-    math allows (what torch.compile approaches): a read of R routes over S float32 sources of width d reads
-    every source twice forward (logits, weighted sum) and writes R outputs; backward (fast_read.py) reads
-    every source twice (the dots with the output gradients, the queries' gradient), reads the R output
-    gradients twice per source (the dots, the source's gradient) and writes each source's gradient."""
+    """Bytes the depth reads of one training step move per token with the plain read, if each read's
+    kernels are fused as far as the math allows (what torch.compile approaches): a read of R routes over N
+    float32 sources of width d reads every source twice forward (logits, weighted sum) and writes R
+    outputs; backward reads every source twice (the dots with the output gradients, the queries'
+    gradient), reads the R output gradients twice per source (the dots, the source's gradient) and writes
+    each source's gradient."""
     d = model.config.n_embd
-    return sum(4 * d * (S * (2 + 2 + 1 + 2 * R) + R) for _, R, S in model.read_points())
+    return sum(4 * d * (N * (2 + 2 + 1 + 2 * R) + R) for _, R, N in model.read_points())
+
+
+def two_phase_bytes_per_token(model):
+    """The same with the two-phase read (two_phase_read.py), per phase, under the same fusion assumption:
+    phase 1, once per block for its R_b routes over the N_max padded finished sources (1 + the number of
+    blocks: the padding is read like a source), reads each source once forward (logits and weighted sum in
+    one online-softmax pass) and writes the state, R_b x (d + 2) floats (u, the running max, the
+    denominator); backward reads the state's gradient and each source twice (its logits again, then its
+    gradient's dots) and writes each source's gradient. Phase 2, at each sublayer for its R routes, reads the
+    partial (none at a block's first sublayer) and the state, writes h; backward reads h's gradient, the
+    state and the partial, and writes the state's and the partial's gradients. The final read is a plain
+    read over the finished sources. Returns (phase 1 bytes, phase 2 bytes)."""
+    cfg = model.config
+    d, S, L = cfg.n_embd, cfg.attnres_block_size, 2 * cfg.n_layer
+    n_max = 1 + math.ceil(L / S)
+    routes = {l: R for l, R, _ in model.read_points()}
+    phase1 = phase2 = 0
+    for first in range(0, L, S):
+        block = range(first, min(first + S, L))
+        state = sum(routes[l] for l in block) * (d + 2)
+        phase1 += 4 * (n_max * d + state) + 4 * (state + 2 * n_max * d + n_max * d)
+        for l in block:
+            partial = d if l > first else 0
+            phase2 += 4 * (partial + routes[l] * (d + 2) + routes[l] * d)                        # forward
+            phase2 += 4 * (routes[l] * d + routes[l] * (d + 2) + partial + routes[l] * (d + 2) + partial)   # backward
+    final = 4 * d * (n_max * (2 + 2 + 1 + 2) + 1)
+    return phase1 + final, phase2
 
 
 def traffic_model(cfg):
@@ -245,20 +273,22 @@ def traffic_model(cfg):
     print(f"depth-read traffic per training token (an estimate): float32 sources, fused kernels, "
           f"{cfg['bandwidth'] / 1e12:g} TB/s x {cfg['bandwidth_efficiency']:g}, backbone at {peak / 1e12:g} TFLOP/s x "
           f"{100 * cfg['mfu']:g}% MFU, context 1024")
-    print("| shape | mode | read points | MB per 1,000 tokens | backbone GFLOP/token | predicted overhead |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| shape | mode | read | MB per 1,000 tokens (phase 1 + phase 2) | backbone GFLOP/token | predicted overhead |")
+    print("|---|---|---|---:|---:|---:|")
     rows = []
     for name, shape in shapes.items():
         for mode in ('attnres', 'rd_attnres'):
             with torch.device('meta'):
                 model = GPT(GPTConfig(block_size=1024, residual=mode, **shape))
-            nbytes = read_bytes_per_token(model)
             backbone = 6 * model.get_num_params() + 12 * shape['n_layer'] * shape['n_embd'] * 1024
-            overhead = (nbytes / bw) / (backbone / (peak * cfg['mfu']))
-            rows.append(dict(shape=name, mode=mode, bytes_per_token=nbytes, backbone_flops_per_token=backbone,
-                             predicted_overhead=overhead))
-            print(f"| {name} | {mode} | {len(model.read_points())} | {nbytes * 1000 / 1e6:,.1f} | "
-                  f"{backbone / 1e9:.3f} | {100 * overhead:.1f}% |")
+            one, two = two_phase_bytes_per_token(model)
+            for read, nbytes, detail in (('plain', read_bytes_per_token(model), ''),
+                                         ('two_phase', one + two, f" ({one * 1000 / 1e6:,.1f} + {two * 1000 / 1e6:,.1f})")):
+                overhead = (nbytes / bw) / (backbone / (peak * cfg['mfu']))
+                rows.append(dict(shape=name, mode=mode, read=read, bytes_per_token=nbytes, backbone_flops_per_token=backbone,
+                                 predicted_overhead=overhead, **(dict(phase1=one, phase2=two) if detail else {})))
+                print(f"| {name} | {mode} | {read} | {nbytes * 1000 / 1e6:,.1f}{detail} | {backbone / 1e9:.3f} | "
+                      f"{100 * overhead:.1f}% |")
     if cfg['json']:
         append_jsonl(cfg['json'], rows)
     return rows
@@ -295,10 +325,10 @@ def main(argv):
         return
 
     modes = cfg['modes'].split(',')
-    unknown = [m for m in modes if m.partition('+')[0] not in RESIDUAL_MODES or m.partition('+')[2] not in ('', 'fast')]
+    unknown = [m for m in modes if m.partition('+')[0] not in RESIDUAL_MODES or m.partition('+')[2] not in ('', 'two_phase')]
     if unknown:
-        raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}, each optionally "
-                         "with +fast (the reads' hand-written backward, fast_read.py)")
+        raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}, a depth-routed one "
+                         "optionally with +two_phase (its reads computed in two phases)")
     if cfg['compile_cost']:
         return compile_cost(cfg, argv, modes)
     tokens = cfg['batch_size'] * cfg['block_size']
@@ -351,8 +381,7 @@ def main(argv):
                    flops_per_token=model.flops_per_token(cfg['block_size']),
                    mfu=model.estimate_mfu(tokens, dt, peak, cfg['block_size']) if peak else None,
                    time_vs_standard=ratio(mode, 'standard'),
-                   time_vs_attnres=ratio(mode, 'attnres+fast' if mode.endswith('+fast') and 'attnres+fast' in times
-                                         else 'attnres'),
+                   time_vs_attnres=ratio(mode, 'attnres'), time_vs_plain=ratio(mode, mode.partition('+')[0]),
                    peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
                    mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
                    spread_ms=[1000 * min(flat), 1000 * max(flat)],

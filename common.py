@@ -26,7 +26,7 @@ import numpy as np
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
 # what decides what a run's numbers mean (the model, the data and its order, the schedule, the precision,
 # the evaluation set): a resumed run must not change them, and the two arms of a pair must agree on all of
-# them but `residual` (compare.py). README "Resume" lists the keys that may change.
+# them but `residual` (compare.py). docs/training.md ("Resume") lists the keys that may change.
 FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size', 'lr_decay_iters',
                                  'warmup_iters', 'learning_rate', 'min_lr_ratio', 'weight_decay', 'beta1',
                                  'beta2', 'grad_clip', 'dtype_resolved', 'eval_tokens')
@@ -94,6 +94,27 @@ def resolve_device(device):
     return 'mps' if torch.backends.mps.is_available() else 'cpu'
 
 
+def check_device(device):
+    """resolve_device(device), refused with a message unless this machine has that device."""
+    import torch
+    device = resolve_device(device)
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        raise SystemExit(f"device={device!r} is not a device torch knows: use auto, cpu, cuda, cuda:N or mps") from None
+    if kind.type == 'cuda' and not torch.cuda.is_available():
+        problem = f"this machine has no CUDA GPU that torch can use (torch {torch.__version__})"
+    elif kind.type == 'cuda' and (kind.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA GPUs (cuda:0 ...)"
+    elif kind.type == 'mps' and not torch.backends.mps.is_available():
+        problem = "this machine has no Apple GPU that torch can use (mps)"
+    elif kind.type not in ('cpu', 'cuda', 'mps'):
+        problem = "this project runs on cpu, cuda or mps"
+    else:
+        return device
+    raise SystemExit(f"device={device!r} but {problem}; use --device=auto or --device=cpu")
+
+
 def resolve_dtype(dtype, device_type):
     """'auto' -> bfloat16 on GPUs that have it in hardware (Ampere and newer), float16 on older GPUs
     (a V100 would only emulate bf16, slowly), float32 elsewhere. Returns (name, torch dtype)."""
@@ -127,8 +148,8 @@ def detect_peak_flops(device):
 
 def tune_cpu_allocator():
     """glibc returns large freed blocks (here: the (B, T, vocab) logits and their gradient) to the OS
-    and then page-faults them back in on every step. Keeping them in the heap was measured to make
-    CPU training ~1.6x faster (README, CPU notes); the same as MALLOC_MMAP_MAX_=0 and
+    and then page-faults them back in on every step. Keeping them in the heap makes CPU training
+    faster (docs/performance.md, "CPU notes"); the same as MALLOC_MMAP_MAX_=0 and
     MALLOC_TRIM_THRESHOLD_=<huge> in the environment. No effect (and no error) elsewhere."""
     import ctypes
     import ctypes.util
@@ -148,6 +169,31 @@ def atomic_write_text(path, text):
     with open(path + '.tmp', 'w') as f:
         f.write(text)
     os.replace(path + '.tmp', path)
+
+
+def lock_folder(folder, name):
+    """Take an exclusive flock on folder/name, written with who holds it: (the open lock file, None), or
+    (None, a line saying who holds it) when another process does. The kernel releases the lock when the
+    file is closed or the process ends, however it ends: a crash leaves no stale lock."""
+    import fcntl
+    import socket
+    import sys
+    import time
+    os.makedirs(folder, exist_ok=True)
+    f = open(os.path.join(folder, name), 'a+')
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or 'a process that has just started'
+        f.close()
+        return None, holder
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{' '.join(sys.argv)}\n")
+    f.flush()
+    return f, None
 
 
 def content_digest(obj):
@@ -216,22 +262,28 @@ def tensor_bytes(obj):
 def save_checkpoint(obj, path):
     """torch.save with a checksum of the content, to a temporary name, then renamed. A write that fails
     (a full disk) removes the partial file, keeps the previous checkpoint, and says how much space it needs."""
+    import gc
     import torch
     tmp = path + '.tmp'
     try:
         torch.save(dict(obj, sha256=content_digest(obj)), tmp)
         os.replace(tmp, path)
+        return
     except (OSError, RuntimeError) as e:   # torch.save reports a failed write as a RuntimeError
-        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        folder = os.path.dirname(os.path.abspath(path))
-        free = shutil.disk_usage(folder).free
         reason = getattr(e, 'strerror', None) or str(e).strip().splitlines()[-1]
-        raise SystemExit(f"could not write the checkpoint {path} ({reason}; {written / 1e6:,.1f} MB were written "
-                         f"before it failed). The partial file was removed and the previous checkpoint, if any, is "
-                         f"kept. A checkpoint of this run needs about {tensor_bytes(obj) / 1e6:,.0f} MB; {folder} has "
-                         f"{free / 1e6:,.0f} MB free. Make room, then continue with --init_from=auto.") from None
+    # Out of the except block: the exception's traceback held torch.save's open file, whose blocks a
+    # removal frees only once it is closed. Measured before that, the free space reads as 0.
+    gc.collect()
+    written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    folder = os.path.dirname(os.path.abspath(path))
+    free, need = shutil.disk_usage(folder).free, tensor_bytes(obj)
+    raise SystemExit(f"could not write the checkpoint {path} ({reason}; {written / 1e6:,.1f} MB were written "
+                     f"before it failed{': the disk is full' if free < need else ''}). The partial file was removed "
+                     f"and the previous checkpoint, if any, is kept. A checkpoint of this run needs about "
+                     f"{need / 1e6:,.0f} MB; {folder} has {free / 1e6:,.0f} MB free. Make room, then continue with "
+                     "--init_from=auto.")
 
 
 def load_checkpoint(path):
@@ -247,8 +299,11 @@ def load_checkpoint(path):
         with torch.serialization.safe_globals(legacy):
             ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
-        what = next((line.strip() for line in str(e).splitlines() if 'GLOBAL' in line or 'Unsupported' in line),
-                    str(e).splitlines()[0])
+        what = next((line.strip() for line in str(e).splitlines() if 'global' in line.lower()), None)
+        if what is None:   # not a pickle at all (text, random bytes): damaged, not dangerous
+            raise SystemExit(f"{path} cannot be read ({str(e).splitlines()[0] if str(e) else 'not a checkpoint'}); "
+                             "the file is damaged or not a checkpoint and was left as it is. Resume from a copy, or "
+                             "start the run again in another out_dir.") from None
         raise SystemExit(f"{path} was refused: it holds Python objects other than tensors and plain values "
                          f"({what}), and loading those could run code. Nothing in it was run. A checkpoint written by "
                          "train.py never holds such objects: do not load this file unless you know where it came from."
@@ -267,23 +322,77 @@ def load_checkpoint(path):
     return ckpt
 
 
+def checkpoint_progress(path):
+    """(step, max_iters) that a checkpoint was written at and for, or None if there is no readable one. Reads
+    only the small pickled part: the tensors are memory-mapped, not loaded (a 343M run's checkpoint is 4 GB)."""
+    import torch
+    legacy = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        with torch.serialization.safe_globals(legacy):
+            ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+        return int(ckpt['step']), int(ckpt['config']['max_iters'])
+    except Exception:   # missing, damaged, not a checkpoint: not a finished run's checkpoint
+        return None
+
+
+def model_config(saved, source):
+    """The GPTConfig that a saved configuration (a checkpoint's, or a weights file's header) describes,
+    checked as train.py checks its keys: a file from anyone may say anything."""
+    from model import GPTConfig
+    if not isinstance(saved, dict):
+        raise SystemExit(f"{source} holds no model configuration (a {type(saved).__name__})")
+    bad = [f"{k} is missing" for k in MODEL_KEYS if k not in saved]
+    bad += [f"{k}={saved[k]!r} is not {'a string' if k == 'residual' else 'an integer'}" for k in MODEL_KEYS
+            if k in saved and not (isinstance(saved[k], str) if k == 'residual'
+                                   else isinstance(saved[k], int) and not isinstance(saved[k], bool))]
+    if not bad:
+        try:
+            return GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS})
+        except ValueError as e:
+            bad.append(str(e))
+    raise SystemExit(f"{source}: its model configuration is not valid ({'; '.join(bad)}); the file is damaged "
+                     "or was not written by this project")
+
+
+def check_tensors(model, tensors, source):
+    """Refuse `tensors` ({name: (shape, dtype)}) unless they are exactly `model`'s parameters and buffers
+    (a tied weight stored once is enough), before anything is loaded or allocated for them."""
+    expected, groups = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        expected[name] = (tuple(t.shape), t.dtype)
+        groups.setdefault(id(t), []).append(name)
+    problems = [f"{n} is not a tensor of this model" for n in tensors if n not in expected]
+    problems += [f"{n} has shape {tuple(shape)} {dtype}, the model's is {expected[n][0]} {expected[n][1]}"
+                 for n, (shape, dtype) in tensors.items() if n in expected and (tuple(shape), dtype) != expected[n]]
+    problems += [f"{names[0]} is missing" for names in groups.values() if not any(n in tensors for n in names)]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ''
+        raise SystemExit(f"{source} does not hold the weights of the model its configuration describes: "
+                         f"{'; '.join(problems[:3])}{more}. The file is damaged or its configuration was edited.")
+
+
 def read_log(path):
     """The rows of a log.jsonl. A crash while a line was being appended leaves a torn last line: it
     is dropped with a warning (the step it belonged to is simply not logged). Any other bad line is
     an error that names the file and the line."""
-    with open(path) as f:
-        lines = f.read().split('\n')
+    with open(path, 'rb') as f:
+        lines = f.read().split(b'\n')
     # a complete file ends with '\n', so its last piece is ''; a torn one ends mid-line
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
+            row = json.loads(line.decode('utf-8'))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if number == len(lines):  # the last piece, with no newline after it: torn by a crash
-                warnings.warn(f"{path}: dropped a torn last line ({len(line)} characters, no newline): "
+                warnings.warn(f"{path}: dropped a torn last line ({len(line)} bytes, no newline): "
                               "the run was killed while writing it")
                 break
-            raise SystemExit(f"{path}, line {number}: not valid JSON ({e.msg}); fix or remove that line") from None
+            what = 'not UTF-8' if isinstance(e, UnicodeDecodeError) else f'not valid JSON ({e.msg})'
+            raise SystemExit(f"{path}, line {number}: {what}; fix or remove that line") from None
+        if not isinstance(row, dict) or not isinstance(row.get('step'), int):
+            raise SystemExit(f"{path}, line {number}: not a row of train.py's log (a JSON object with a step); "
+                             "fix or remove that line")
+        rows.append(row)
     return rows

@@ -25,7 +25,7 @@ import sys
 from common import FROZEN_ON_RESUME, atomic_write_text, read_log, schedule_length
 from model import ATTENTION_ROUTES
 
-# ctrl_mix is a removed mode (README: "The second set"): listed so that its committed logs still compare
+# ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'ctrl_heads': 'attnres', 'ctrl_mix': 'attnres', 'attnres': 'standard'}
 ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads', 'ctrl_mix']
@@ -102,17 +102,60 @@ def paired_stats(deltas):
 # -----------------------------------------------------------------------------
 # Runs
 
+class NotARun(Exception):
+    """A path given as a run that cannot be read as one; the message says why."""
+
+
+# what a run's config.json must hold for the run to be grouped, paired and labelled
+RUN_KEYS = {'residual': str, 'seed': int, 'max_iters': int, 'n_layer': int, 'n_head': int, 'n_embd': int,
+            'block_size': int, 'total_batch_size': int}
+
+
 def load_run(path):
+    """A run directory's configuration and log, or NotARun saying why it is not one (a plain file, a
+    folder without config.json or log.jsonl, a config.json that is not the JSON train.py writes, a log
+    with a bad line)."""
+    if not os.path.isdir(path):
+        raise NotARun("not a run directory (a file)" if os.path.exists(path) else "does not exist")
     try:
-        with open(os.path.join(path, 'config.json')) as f:
+        with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
             config = json.load(f)
+    except FileNotFoundError:
+        raise NotARun("no config.json: not a run of train.py, or one that has not started") from None
+    except (OSError, ValueError) as e:   # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+        raise NotARun(f"config.json cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(config, dict):
+        raise NotARun(f"config.json holds a {type(config).__name__}, not the object train.py writes")
+    bad = [k for k, kind in RUN_KEYS.items() if not isinstance(config.get(k), kind) or isinstance(config.get(k), bool)]
+    if bad:
+        raise NotARun(f"config.json lacks {', '.join(bad)} (or has the wrong type): not written by train.py")
+    try:
         rows = read_log(os.path.join(path, 'log.jsonl'))
     except FileNotFoundError:
-        return None
+        raise NotARun("no log.jsonl: the run has not logged anything yet") from None
+    except (OSError, ValueError) as e:
+        raise NotARun(f"log.jsonl cannot be read ({type(e).__name__}: {e})") from None
+    except SystemExit as e:               # read_log's message for a bad line
+        raise NotARun(str(e)) from None
     config['lr_decay_iters'] = schedule_length(config)   # (older runs kept 0, "follow max_iters")
     evals = {r['step']: r for r in rows if 'val_loss' in r and not r.get('eval_only')}
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=evals, hashes=hashes)
+
+
+def load_runs(paths):
+    """(the runs among paths, [(path, why it is not a run)] for the others)."""
+    runs, skipped = [], []
+    for path in paths:
+        try:
+            runs.append(load_run(path))
+        except NotARun as e:
+            skipped.append((path, str(e)))
+    return runs, skipped
+
+
+def skipped_lines(skipped):
+    return '\n'.join(f"- {path}: {why}" for path, why in skipped) + '\n'
 
 
 def group_label(config):
@@ -338,9 +381,10 @@ def main(argv=None):
     if any(len(p) != 2 or not all(p) for p in extra):
         raise SystemExit(f"--pair takes ARM:BASE, two residual modes, e.g. rd_attnres:ctrl_heads; got {args.pair}")
     paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
-    runs = [r for r in map(load_run, paths) if r is not None]
+    runs, skipped = load_runs(paths)
     if not runs:
-        raise SystemExit(f"no run directories (with config.json and log.jsonl) among {args.runs}")
+        raise SystemExit(f"no run directories (with config.json and log.jsonl) among {args.runs}"
+                         + (":\n" + skipped_lines(skipped) if skipped else ''))
     results, groups, refused = compare(runs, args.step, extra)
     if results:
         print(markdown(results))
@@ -350,6 +394,8 @@ def main(argv=None):
     if refused:
         print(f"### Refused ({len(refused)} runs left out of every table above)\n")
         print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')
+    if skipped:
+        print(f"### Skipped ({len(skipped)} paths that are not runs)\n\n" + skipped_lines(skipped))
     if not results and len(groups) > 1:
         listing = '; '.join(f"{group_label(next(iter(next(iter(by_mode.values())).values()))['config'])}: "
                             f"{', '.join(sorted(by_mode))}" for by_mode in groups.values())

@@ -37,10 +37,13 @@ def settings(argv, defaults=None):
     for arg in argv:
         if not arg.startswith('--'):
             try:
-                with open(arg) as f:
+                with open(arg, encoding='utf-8') as f:
                     source = f.read()
             except OSError as e:
-                raise SystemExit(f"cannot read config file {arg!r}: {e.strerror}")
+                raise SystemExit(f"cannot read config file {arg!r}: {e.strerror}") from None
+            except UnicodeDecodeError as e:
+                raise SystemExit(f"config file {arg!r} is not UTF-8 text (byte {e.start}): a config file holds "
+                                 "Python assignments, e.g. n_layer = 12") from None
             scope = {}
             try:   # a config file is Python, run as code, as in nanoGPT: run only files you trust
                 exec(compile(source, arg, 'exec'), {}, scope)

@@ -7,14 +7,14 @@ A GPT language model with three kinds of residual connection, selected by one fl
                            one for V (Role-Decoupled Attention Residuals)
 
 plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v) and
-ctrl_heads, our control for "two different reads, whatever the split" (README: "Controls"). Everything
+ctrl_heads, our control for "two different reads, whatever the split" (docs/controls.md). Everything
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
-Glossary (README: "The three modes in a few lines of math")
+Glossary (README: "The method in a few lines of math")
     sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers,
               numbered l = 0 .. L-1 (even: attention, odd: MLP)
-    S         attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes)
+    S         attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); N: a read's sources
     block     an AttnRes block: S consecutive sublayers. (Not a transformer Block, and not block_size,
               which is the context length.)
     source    what a depth read chooses from: b_0 = the token embedding, b_n = the sum of the outputs
@@ -25,6 +25,8 @@ Glossary (README: "The three modes in a few lines of math")
     route     one softmax of a read, with its own pseudo-query: qk (feeds queries and keys; the only
               route of attnres), v (feeds values: RD-AttnRes), heads1 / heads2 (ctrl_heads: Q, K
               and V of the first / second half of the heads), mlp, final
+The lines between `### BEGIN SOLUTION n` and `### END SOLUTION` are what assignment n of the course
+kit asks students to write (COURSE.md); Python ignores the markers.
 """
 
 import math
@@ -35,15 +37,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fast_read import depth_read_fast
+from routing import summarise_read
 
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
-# The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses.
-# The first route is always attn_query's, so tying a mode's second query to it gives attnres back.
-# Two routes cost rd_attnres's compute; ctrl_dup's two routes share one query (attnres's function).
-# rd_attnres splits attention's input by role (Q/K from one route, V from the other); ctrl_heads
-# splits it by heads (Q, K and V of heads 1..H/2 from one route, of heads H/2+1..H from the other):
-# two learned reads that feed different things, roles still coupled.
+# The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses. The
+# first route is always attn_query's, so tying a mode's second query to it gives attnres back; ctrl_dup's
+# two routes share one query (attnres's function at rd_attnres's compute). rd_attnres splits attention's
+# input by role (Q/K from one route, V from the other); ctrl_heads splits it by heads (Q, K and V of heads
+# 1..H/2 from one route, of the others from the other): two learned reads, roles still coupled.
 ATTENTION_ROUTES = {
     'attnres':      {'qk': 'attn_query'},
     'ctrl_params':  {'qk': 'attn_query'},
@@ -64,23 +65,20 @@ class GPTConfig:
     n_embd: int = 768
     residual: str = 'standard'     # one of RESIDUAL_MODES
     attnres_block_size: int = 4    # S: sublayers per AttnRes block (1 = Full AttnRes)
-    fast_backward: bool = False    # train the reads with a hand-written backward (fast_read.py: the same
-                                   # function; not faster on CPU, measured: README "Performance")
+    depth_read: str = 'plain'      # or 'two_phase': the same reads, computed per block (two_phase_read.py)
 
-    def __post_init__(self):
-        if self.residual not in RESIDUAL_MODES:
-            raise ValueError(f"unknown residual={self.residual!r}; choose one of {', '.join(RESIDUAL_MODES)}")
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+    def __post_init__(self):   # a bad shape is a message here, not an error deep inside a forward pass
+        if self.residual not in RESIDUAL_MODES or self.depth_read not in ('plain', 'two_phase'):
+            raise ValueError(f"unknown residual={self.residual!r} or depth_read={self.depth_read!r}; choose one of "
+                             f"{', '.join(RESIDUAL_MODES)}, and plain or two_phase")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'attnres_block_size'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.attnres_block_size < 1:
-            raise ValueError(f"attnres_block_size must be >= 1 (1 = Full AttnRes), got {self.attnres_block_size}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.residual != 'standard' and self.attnres_block_size > 2 * self.n_layer:
-            warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: "
-                          "there is a single block, so every read sees only the embedding and the partial "
-                          f"(set attnres_block_size <= {2 * self.n_layer}; 1 = Full AttnRes)")
+            warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: one "
+                          f"block, every read sees the embedding and the partial only (1 = Full AttnRes)")
         if self.residual == 'ctrl_heads' and self.n_head % 2 != 0:
             raise ValueError(f"residual='ctrl_heads' splits the heads into two halves, one per route: n_head must be "
                              f"even, got {self.n_head}")
@@ -133,14 +131,14 @@ class CausalSelfAttention(nn.Module):
         q, k = self.c_qk(x_qk).split(C, dim=2)
         return self.attend(q, k, self.c_v(x_v), cos, sin)
 
-    def forward_by_heads(self, x_1, x_2, cos, sin):
-        """ctrl_heads: x_1 is the input of Q, K and V of the first half of the heads, x_2 of the other
-        half. Row block h*hd:(h+1)*hd of each projection belongs to head h, so each half is projected
+    def forward_by_heads(self, x_heads1, x_heads2, cos, sin):
+        """ctrl_heads: x_heads1 is the input of Q, K and V of the first half of the heads, x_heads2 of the
+        other half. Row block h*hd:(h+1)*hd of each projection belongs to head h, so each half is projected
         by its own rows only: no head is computed twice, and the cost is that of forward()."""
-        C = x_1.size(-1)
+        C = x_heads1.size(-1)
         half = C // 2                                              # the rows of heads 1 .. n_head/2
         w_q, w_k = self.c_qk.weight.split(C)
-        q, k, v = (torch.cat([F.linear(x_1, w[:half]), F.linear(x_2, w[half:])], dim=-1)
+        q, k, v = (torch.cat([F.linear(x_heads1, w[:half]), F.linear(x_heads2, w[half:])], dim=-1)
                    for w in (w_q, w_k, self.c_v.weight))
         return self.attend(q, k, v, cos, sin)
 
@@ -172,18 +170,13 @@ def fp32(x):
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def inverse_rms(x):
-    """1/rms(x) per token, shape (B, T, 1)."""
-    return torch.rsqrt(fp32(x).pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
-
-
 def source(x):
-    """A depth source as the reads use it: (x in float32, 1/rms(x)). The key of a source is
-    RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query (DepthRead), a source's
-    keys cost one (B, T, 1) tensor, computed once per forward, never a normalised copy of x.
+    """A depth source as the reads use it: (x in float32, 1/rms(x) of shape (B, T, 1)). The key of a
+    source is RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query (DepthRead), a
+    source's keys cost one (B, T, 1) tensor, computed once per forward, never a normalised copy of x.
     Sources are float32, like the residual stream of the standard mode under autocast."""
     x = fp32(x)
-    return x, inverse_rms(x)
+    return x, torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
 def n_sources(l, S):
@@ -193,12 +186,6 @@ def n_sources(l, S):
     return 1 + l // S + (l % S != 0)
 
 
-def source_labels(l, S, L):
-    """Names of those sources, for people: emb, b1, b2, ..., and p for the partial."""
-    finished = l // S + (l == L and L % S != 0)
-    return ['emb'] + [f'b{n}' for n in range(1, finished + 1)] + (['p'] if l < L and l % S else [])
-
-
 def depth_read(sources, queries):
     """R depth reads over the same sources at once, one per row of `queries`.
 
@@ -206,9 +193,9 @@ def depth_read(sources, queries):
         alpha[r]    = softmax over s of logit[r]
         h[r]        = sum_s alpha[r, s] * x_s           (values are the raw sources)
 
-    sources: list of S pairs (x_s (B, T, d) float32, 1/rms(x_s) (B, T, 1)), see source()
+    sources: list of N pairs (x_s (B, T, d) float32, 1/rms(x_s) (B, T, 1)), see source()
     queries: (R, d) pseudo-queries with the key-norm gain folded in: w . (g * x / rms(x)) = ((w * g) . x) / rms(x)
-    returns h (R, B, T, d) and alpha (R, B, T, S), both float32 (float64 when the sources are float64).
+    returns h (R, B, T, d) and alpha (R, B, T, N), both float32 (float64 when the sources are float64).
     """
     x0 = sources[0][0]
     ### BEGIN SOLUTION 1
@@ -220,8 +207,8 @@ def depth_read(sources, queries):
     with torch.autocast(device_type=x0.device.type, enabled=False):
         q = queries.to(x0.dtype)                                                          # (R, d)
         logits = torch.stack([torch.stack([(x * w).sum(-1) for w in q], -1) * inv_rms     # (B, T, R)
-                              for x, inv_rms in sources], -1)                             # (B, T, R, S)
-        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                                # (R, B, T, S)
+                              for x, inv_rms in sources], -1)                             # (B, T, R, N)
+        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                                # (R, B, T, N)
         # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
         h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))              # (R, B, T, d)
     ### END SOLUTION
@@ -234,10 +221,9 @@ class DepthRead(nn.Module):
     starts as the uniform average of its sources), and the gain of its key RMSNorm (ones), which it
     folds into the queries. Both routes of a two-route read share the sources and the key norm."""
 
-    def __init__(self, d, sublayer, layer, routes, frozen=(), fast_backward=False):
+    def __init__(self, d, sublayer, layer, routes, frozen=()):
         super().__init__()
         self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: query name}
-        self.fast_backward = fast_backward
         for name in dict.fromkeys(routes.values()):
             if name in frozen:
                 self.register_buffer(name, torch.zeros(d))   # not learned: this route stays uniform
@@ -250,22 +236,11 @@ class DepthRead(nn.Module):
         ### BEGIN SOLUTION 2
         queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
         ### END SOLUTION
-        if self.fast_backward and torch.is_grad_enabled():   # the same read, its backward by hand (fast_read.py)
-            h, alpha = depth_read_fast(depth_read, sources, queries)
-        else:
-            h, alpha = depth_read(sources, queries)
+        h, alpha = depth_read(sources, queries)
         if log is not None:
             for r, route in enumerate(self.routes):
                 log.append(summarise_read(self.sublayer, self.layer, route, alpha[r]))
         return h
-
-
-@torch.no_grad()
-def summarise_read(sublayer, layer, route, alpha):
-    """One route's depth distribution (B, T, S): its mean over tokens and its mean per-token entropy."""
-    alpha = alpha.float()
-    token_entropy = -(alpha * alpha.clamp_min(1e-30).log()).sum(-1).mean()
-    return dict(sublayer=sublayer, layer=layer, route=route, alpha=alpha.mean(dim=(0, 1)), token_entropy=token_entropy)
 
 
 # -----------------------------------------------------------------------------
@@ -285,15 +260,16 @@ class Block(nn.Module):
         if mode == 'standard':
             return
         self.attn_read = DepthRead(d, 2 * layer, layer, ATTENTION_ROUTES[mode],
-                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else (), fast_backward=config.fast_backward)
-        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'}, fast_backward=config.fast_backward)
+                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else ())
+        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'})
         if mode == 'ctrl_params':
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector, spent as a gain
 
-    def attn_inputs(self, sources, log=None):
+    def attn_inputs(self, sources, log=None, h=None):
         """The attention sublayer's two inputs, its first route's and its last route's (the same x when there is
-        one route): x_qk feeds queries and keys and x_v values; in ctrl_heads, the two halves of the heads."""
-        h = self.attn_read(sources, log)                   # one row per route
+        one route): x_qk feeds queries and keys and x_v values; in ctrl_heads, the two halves of the heads.
+        (h: the read's rows when they were computed elsewhere, by two_phase_read.py)"""
+        h = self.attn_read(sources, log) if h is None else h   # one row per route
         if self.residual == 'ctrl_params':
             h = h * self.attn_input_gain
         ### BEGIN SOLUTION 2
@@ -301,16 +277,16 @@ class Block(nn.Module):
         return x[0], x[-1]                                 # one route: both inputs are the same x
         ### END SOLUTION
 
-    def attention(self, sources, cos, sin, log=None):
+    def attention(self, sources, cos, sin, log=None, h=None):
         """The attention sublayer's output from the sources: its read, then attention fed by the routes."""
-        x_1, x_2 = self.attn_inputs(sources, log)
-        if self.residual == 'ctrl_heads':     # route 1 -> Q, K, V of heads 1..H/2; route 2 -> of the others
-            return self.attn.forward_by_heads(x_1, x_2, cos, sin)
-        return self.attn(x_1, x_2, cos, sin)  # route 1 -> Q and K; the last route -> V
+        x_qk, x_v = self.attn_inputs(sources, log, h)
+        if self.residual == 'ctrl_heads':     # its two routes feed two halves of the heads, not two roles
+            return self.attn.forward_by_heads(x_qk, x_v, cos, sin)
+        return self.attn(x_qk, x_v, cos, sin)  # route 1 -> Q and K; the last route -> V
 
-    def mlp_input(self, sources, log=None):
+    def mlp_input(self, sources, log=None, h=None):
         """The MLP sublayer's input: one read of its own (unchanged by RD-AttnRes)."""
-        return self.norm_mlp(self.mlp_read(sources, log)[0])
+        return self.norm_mlp((self.mlp_read(sources, log) if h is None else h)[0])
 
 
 class GPT(nn.Module):
@@ -326,8 +302,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         if config.residual != 'standard':  # the read after the last sublayer, into the final norm and head
-            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'},
-                                        fast_backward=config.fast_backward)
+            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'})
         cos, sin = rotary_tables(config.block_size, config.n_embd // config.n_head)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -361,6 +336,9 @@ class GPT(nn.Module):
                 a = block.norm_attn(x)
                 x = x + block.attn(a, a, self.rope_cos, self.rope_sin)
                 x = x + block.mlp(block.norm_mlp(x))
+        elif self.config.depth_read == 'two_phase' and not self.record_routing:
+            from two_phase_read import forward_two_phase   # the same function, block by block (its docstring)
+            x = forward_two_phase(self, x)
         else:
             x = self.forward_depth_routed(x)
         x = self.transformer.ln_f(x)
@@ -377,22 +355,22 @@ class GPT(nn.Module):
         S = self.config.attnres_block_size
         log = [] if self.record_routing else None
         ### BEGIN SOLUTION 3
-        blocks = [source(embedding)]    # finished sources: b_0 = the embedding, then b_1, b_2, ...
+        finished = [source(embedding)]  # finished sources: b_0 = the embedding, then b_1, b_2, ...
         partial = None                  # the current block's outputs so far, as a source; None when empty
         for layer, block in enumerate(self.transformer.h):
             for l, kind in ((2 * layer, 'attn'), (2 * layer + 1, 'mlp')):   # l: the sublayer's number
-                sources = blocks if partial is None else blocks + [partial]
+                sources = finished if partial is None else finished + [partial]
                 if kind == 'attn':
                     out = block.attention(sources, self.rope_cos, self.rope_sin, log)
                 else:
                     out = block.mlp(block.mlp_input(sources, log))
                 partial = source(out if partial is None else partial[0] + fp32(out))
                 if (l + 1) % S == 0:    # the AttnRes block's S-th sublayer: its partial is now finished
-                    blocks.append(partial)
+                    finished.append(partial)
                     partial = None
         if partial is not None:         # the last block may be shorter than S
-            blocks.append(partial)
-        h = self.final_read(blocks, log)[0]
+            finished.append(partial)
+        h = self.final_read(finished, log)[0]
         ### END SOLUTION
         self.routing = log or []
         return h
@@ -408,19 +386,19 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == 'cuda'))
 
     def read_points(self):
-        """(sublayer, routes, sources) of every depth read of one forward pass, in order;
-        sublayer 2*n_layer is the final read. Empty for the standard residual."""
-        S = self.config.attnres_block_size
-        return [(m.sublayer, len(m.routes), n_sources(m.sublayer, S)) for m in self.modules() if isinstance(m, DepthRead)]
+        """(sublayer, routes, sources) of every depth read of one forward pass, in order; sublayer 2*n_layer is
+        the final read. Empty for the standard residual."""
+        return [(m.sublayer, len(m.routes), n_sources(m.sublayer, self.config.attnres_block_size))
+                for m in self.modules() if isinstance(m, DepthRead)]
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs (forward + backward = 3x forward) per token, depth reads included."""
         cfg, T = self.config, seq_len or self.config.block_size
         N, d = self.get_num_params(), cfg.n_embd
         dense = 6 * N + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
-        # a read over S sources and R routes: R*S dot products of length d (logits) and an R-route
-        # weighted sum of S vectors of length d, 2 FLOPs per multiply-add each
-        reads = sum(4 * d * R * S for _, R, S in self.read_points())
+        # a read over N sources and R routes: R*N dot products of length d (logits) and an R-route
+        # weighted sum of N vectors of length d, 2 FLOPs per multiply-add each
+        reads = sum(4 * d * R * N for _, R, N in self.read_points())
         return dense + 3 * reads
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops=312e12, seq_len=None):
@@ -440,45 +418,3 @@ class GPT(nn.Module):
             idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-# -----------------------------------------------------------------------------
-# Routing diagnostics: numbers from the depth distributions of one forward pass
-
-def entropy(p):
-    """Entropy in nats of a distribution over depth sources."""
-    p = p.double()
-    return float(-(p * p.clamp_min(1e-30).log()).sum()) + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
-def mean_depth(p):
-    """Expected source index: 0 = the embedding, n = block n (the partial counts as the next block)."""
-    return float((p.double() * torch.arange(p.numel(), dtype=torch.float64, device=p.device)).sum())
-
-
-def js_divergence(p, q):
-    """Jensen-Shannon divergence in nats: symmetric, 0 for equal routes, at most ln 2."""
-    m = 0.5 * (p.double() + q.double())
-    return entropy(m) - 0.5 * (entropy(p) + entropy(q))
-
-
-def routing_summary(routing):
-    """Per attention sublayer: how far apart its two routes read (JS divergence), each route's entropy
-    and mean depth, keyed by the route names: js_qk_v, entropy_qk, depth_v, ... for the modes that split
-    roles (a one-route mode reads V from its QK route: divergence 0), js_heads1_heads2, entropy_heads1,
-    ... for ctrl_heads."""
-    attn_routes = {}   # layer -> its attention read's routes, in order
-    for r in routing:
-        if r['sublayer'] % 2 == 0 and r['route'] != 'final':
-            attn_routes.setdefault(r['layer'], []).append(r)
-    rows = []
-    for layer, routes in sorted(attn_routes.items()):
-        first, second = routes[0], routes[-1] if len(routes) > 1 else dict(routes[0], route='v')
-        a, b = first['route'], second['route']
-        row = {'layer': layer, f'js_{a}_{b}': js_divergence(first['alpha'], second['alpha'])}
-        for name, r in ((a, first), (b, second)):
-            row.update({f'entropy_{name}': entropy(r['alpha']),
-                        f'token_entropy_{name}': float(r['token_entropy']) + 0.0,   # + 0.0: no -0.0 in logs
-                        f'depth_{name}': mean_depth(r['alpha'])})
-        rows.append(row)
-    return rows

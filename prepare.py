@@ -6,7 +6,7 @@ Prepare a corpus as GPT-2 tokens in uint16 .bin files: data/<name>/train.bin and
     python prepare.py --input 'texts/**/*.txt' --name mycorpus   # local .txt / .jsonl / .parquet files
 
 File format (one reader for it, read_tokens(), used by train.py too):
-    header: 16 little-endian int64 = 128 bytes: [MAGIC, VERSION, n_tokens, 0, ...]
+    header: 16 little-endian int64 = 128 bytes: [MAGIC, VERSION, n_tokens, data_id, 0, ...]
     body:   n_tokens uint16 token ids
 Every document is written as <|endoftext|> (id 50256) followed by its tokens: the delimiter goes
 *before* each document, so a model always sees "start of a new document" before its first token.
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from common import atomic_write_text
+from common import atomic_write_text, lock_folder
 
 MAGIC, VERSION = 20261130, 1
 HEADER_INTS = 16
@@ -96,8 +96,8 @@ def token_digest(path, chunk=1 << 26):
 def verify_tokens(paths, data_id, vocab_size=VOCAB_SIZE):
     """Check the tokens themselves against the build's data_id and the vocabulary: a flipped byte in a
     .bin (which its header cannot show) would otherwise train silently, or crash deep in the model with
-    a token id past the embedding. Returns None, or what is wrong. Cost: one read of both files, about
-    a second per GB (README, "What is guaranteed")."""
+    a token id past the embedding. Returns None, or what is wrong. Cost: one read of both files
+    (docs/run_safety.md)."""
     digests = []
     for path in paths:
         digest, top = token_digest(path)
@@ -125,6 +125,8 @@ def read_dataset(data_dir, name, verify=True):
         (_, train_id), (_, val_id) = read_header(paths[0]), read_header(paths[1])
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    except OSError as e:   # a folder or an unreadable file where a .bin should be
+        raise SystemExit(f"{e.filename or paths[0]} cannot be read ({e.strerror}): run prepare.py again with --force") from None
     if train_id != val_id:
         raise SystemExit(f"{paths[0]} and {paths[1]} carry different data_ids ({train_id} vs {val_id}): two "
                          f"builds (a prepare.py run interrupted between its renames: {meta_id_says(data_dir, name)}), "
@@ -140,7 +142,7 @@ def meta_id_says(data_dir, name):
     try:
         with open(os.path.join(data_dir, name, 'meta.json')) as f:
             meta_id = json.load(f).get('data_id')
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return "meta.json cannot be read"
     return f"meta.json names data_id {meta_id}"
 
@@ -486,7 +488,7 @@ def built_from(out_dir):
         ids = {read_header(path)[1] for path in paths}
     except (OSError, ValueError):
         return None
-    if ids != {meta.get('data_id')}:
+    if not isinstance(meta, dict) or ids != {meta.get('data_id')}:
         return None
     problem = verify_tokens(paths, meta['data_id'])
     if problem:
@@ -540,6 +542,33 @@ def run(argv):
     if not 0 < args.val_fraction < 1:
         raise SystemExit(f"--val_fraction must be between 0 and 1, got {args.val_fraction}")
     out_dir = os.path.join(args.data_dir, args.name)
+    # One build at a time into a folder: held (out_dir/prepare.lock) from before anything there is read
+    # until the build is in place, so that two builds never remove or rename each other's files.
+    created = not os.path.isdir(out_dir)
+    try:
+        lock, holder = lock_folder(out_dir, LOCK)
+    except OSError as e:
+        raise InputError(f"cannot write to {out_dir} ({e.strerror}): choose a --data_dir this user can write to") from None
+    if holder:
+        raise InputError(f"{out_dir} is being built by another prepare.py ({holder}). Two builds into one folder "
+                         "would mix their files: wait for it to end, or write elsewhere with --name.")
+    try:
+        return build(args, out_dir)
+    finally:
+        lock.close()
+        if created and os.listdir(out_dir) == [LOCK]:   # a failed first build leaves no folder behind
+            os.remove(os.path.join(out_dir, LOCK))
+            try:
+                os.rmdir(out_dir)
+            except OSError:   # another build has just started in it
+                pass
+
+
+LOCK = 'prepare.lock'
+
+
+def build(args, out_dir):
+    source = 'local' if args.input else args.dataset
     meta = dict(args={k: getattr(args, k) for k in ('dataset', 'input', 'text_column', 'max_tokens',
                                                      'val_tokens', 'val_fraction')})
     if source == 'local':

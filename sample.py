@@ -17,9 +17,10 @@ import sys
 
 import torch
 
-from common import MODEL_KEYS, load_checkpoint, resolve_device
+from common import MODEL_KEYS, check_tensors, check_device, load_checkpoint, model_config
 from configurator import configure
-from model import GPT, GPTConfig, source_labels
+from model import GPT
+from routing import source_labels
 from prepare import InputError, gpt2_encoding
 
 DEFAULTS = dict(
@@ -58,31 +59,45 @@ def print_routing(model):
 
 def load_model(cfg):
     """(model, its configuration, a line saying where it came from): from out_dir/ckpt.pt, or from a
-    .safetensors file whose header holds the model configuration."""
+    .safetensors file whose header holds the model configuration. The configuration and every tensor's
+    name, shape and dtype are checked against the model (built first on the meta device, which
+    allocates nothing) before any weight is loaded."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_model as load_safetensors
     if cfg['weights']:
+        source = cfg['weights']
         try:
-            with safe_open(cfg['weights'], framework='pt') as f:
+            with safe_open(source, framework='pt') as f:
                 saved = json.loads((f.metadata() or {}).get('config', 'null'))
+                tensors = {k: (f.get_slice(k).get_shape(), DTYPES.get(f.get_slice(k).get_dtype())) for k in f.keys()}
         except (OSError, SafetensorError, ValueError) as e:
-            raise SystemExit(f"{cfg['weights']} cannot be read as a .safetensors file: {e}") from None
-        if not isinstance(saved, dict) or any(k not in saved for k in MODEL_KEYS):
-            raise SystemExit(f"{cfg['weights']} has no model configuration in its header: write it with "
+            raise SystemExit(f"{source} cannot be read as a .safetensors file: {e}") from None
+        if saved is None:
+            raise SystemExit(f"{source} has no model configuration in its header: write it with "
                              "python sample.py --out_dir=<run> --export=<file>.safetensors")
-        model = GPT(GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS}))
-        load_safetensors(model, cfg['weights'])
-        return model, saved, f"{cfg['weights']} (step {saved.get('step')})"
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    if not os.path.exists(ckpt_path):
-        raise SystemExit(f"no checkpoint at {ckpt_path}: train one first (python train.py config/quickstart.py) "
-                         "or pass --out_dir=<a run directory>")
-    ckpt = load_checkpoint(ckpt_path)   # onto the CPU first: the model is moved once, below
-    saved = ckpt['config']
-    model = GPT(GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS}))
-    model.load_state_dict(ckpt['model'])
-    saved = dict(saved, step=ckpt['step'], best_val_loss=ckpt['best_val_loss'])
-    return model, saved, f"{ckpt_path} (step {ckpt['step']}, best val loss {ckpt['best_val_loss']:.4f})"
+    else:
+        source = os.path.join(cfg['out_dir'], 'ckpt.pt')
+        if not os.path.exists(source):
+            raise SystemExit(f"no checkpoint at {source}: train one first (python train.py config/quickstart.py) "
+                             "or pass --out_dir=<a run directory>")
+        ckpt = load_checkpoint(source)   # onto the CPU first: the model is moved once, below
+        saved, weights = ckpt.get('config'), ckpt.get('model')
+        if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+            raise SystemExit(f"{source} holds no model weights: not a checkpoint of train.py")
+        tensors = {k: (tuple(t.shape), t.dtype) for k, t in weights.items()}
+    config = model_config(saved, source)
+    with torch.device('meta'):
+        check_tensors(GPT(config), tensors, source)
+    model = GPT(config)
+    if cfg['weights']:
+        load_safetensors(model, source)
+        return model, saved, f"{source} (step {saved.get('step')})"
+    model.load_state_dict(weights)
+    saved = dict(saved, step=ckpt.get('step'), best_val_loss=ckpt.get('best_val_loss'))
+    return model, saved, f"{source} (step {saved['step']}, best val loss {saved['best_val_loss']})"
+
+
+DTYPES = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'F64': torch.float64}
 
 
 def export(model, saved, path):
@@ -96,7 +111,7 @@ def export(model, saved, path):
 
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    device = resolve_device(cfg['device'])
+    device = check_device(cfg['device'])
     model, saved, origin = load_model(cfg)
     if cfg['export']:
         return export(model, saved, cfg['export'])
@@ -113,6 +128,8 @@ def main(argv):
                 start = f.read()
         except OSError as e:
             raise SystemExit(f"--start={start}: cannot read the prompt file ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"--start={start}: the prompt file is not UTF-8 text (byte {e.start})") from None
     ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]
     if len(ids) > model.config.block_size:
         print(f"note: the prompt is {len(ids)} tokens, longer than the context of {model.config.block_size}: "

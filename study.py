@@ -1,6 +1,6 @@
 """
 A study is a named plan of paired runs, run one after another by one command that can be stopped
-and started again at any moment (README: "Reproducing the paper", "Results at CPU scale").
+and started again at any moment (README "Reproducing the paper"; docs/results.md).
 
     python study.py list                                   # the plans
     python study.py run paper --dry_run                    # the queue, what is done, a time estimate
@@ -34,7 +34,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from common import atomic_write_text, read_log
+from common import atomic_write_text, checkpoint_progress, read_log
 from configurator import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,7 +76,7 @@ EARLY = ('--max_iters=100',)   # the early budget of the CPU study (its main bud
 
 
 def cpu_plan():
-    """The paired study at CPU scale (README: "Results at CPU scale"), in the order it was run; every run
+    """The paired study at CPU scale (docs/results.md), in the order it was run; every run
     is config/study_cpu.py with its mode, into study/runs/<set>/<mode>_s<seed>.
     First set: five seeds x {attnres, rd_attnres}, then standard, then attnres and the paper's three
     controls at the early budget. Second set, on a rebuilt corpus: attnres parents at the early budget
@@ -99,8 +99,8 @@ def cpu_plan():
 
 
 # The time estimate's default assumptions per plan: (devices per run, peak FLOP/s of one, MFU). The paper's
-# on 8 H100 SXM (989 TFLOP/s bf16 dense) at 40%; the CPU study's is what its float32 runs reach on the
-# 2-core VM (about 2,000 tokens/s x 65 MFLOP per token = 130 GFLOP/s; bf16 is about 1.6x faster).
+# on 8 H100 SXM (989 TFLOP/s bf16 dense) at 40%; the CPU study's is the throughput its float32 runs reach
+# on two CPU cores (docs/results.md), counted as 100% of an effective peak.
 ESTIMATE = {'paper': (8, 989e12, 0.4), 'cpu': (1, 130e9, 1.0)}
 # name -> (runs, report file relative to the root, where a folder's JSON and plots go)
 PLANS = {
@@ -119,13 +119,25 @@ def load_plan(name):
         return runs(), report_file, outputs
     if not name.endswith('.json'):
         raise SystemExit(f"unknown plan {name!r}: choose one of {', '.join(PLANS)}, or give a JSON plan file")
+    def check(i, r):
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k] for k in ('config', 'out_dir')):
+            raise ValueError(f"entry {i} is not an object with config and out_dir strings")
+        if not isinstance(r.get('seed'), int) or isinstance(r['seed'], bool):
+            raise ValueError(f"entry {i}: seed must be an integer, got {r.get('seed')!r}")
+        overrides = r.get('overrides', [])
+        if not isinstance(overrides, list) or not all(isinstance(o, str) and o.startswith('--') for o in overrides):
+            raise ValueError(f"entry {i}: overrides must be a list of --key=value strings, got {overrides!r}")
+        return Run(r['config'], r['seed'], r['out_dir'], tuple(overrides))
     try:
-        with open(name) as f:
+        with open(name, encoding='utf-8') as f:
             rows = json.load(f)
-        runs = [Run(r['config'], int(r['seed']), r['out_dir'], tuple(r.get('overrides', ()))) for r in rows]
-    except (OSError, ValueError, TypeError, KeyError) as e:
+        if not isinstance(rows, list) or not rows:
+            raise ValueError(f"a {type(rows).__name__}{' with no runs' if rows == [] else ''}, not a list of runs")
+        runs = [check(i, r) for i, r in enumerate(rows, 1)]
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) else str(e)
         raise SystemExit(f"{name}: not a plan file (a JSON list of objects with config, seed, out_dir and "
-                         f"optionally overrides): {e}")
+                         f"optionally overrides): {reason}") from None
     stem = os.path.splitext(os.path.basename(name))[0]
     return runs, f'{stem}_report.md', lambda folder: (f'{folder}/results.json', f'{folder}/plots')
 
@@ -134,14 +146,18 @@ def load_plan(name):
 # Progress and the time estimate
 
 def is_finished(path):
-    """A run is finished when its log has the validation loss at its last step (max_iters)."""
+    """A run is finished when its log has the validation loss at its last step (max_iters): train.py logs
+    that row only once the final checkpoint is on disk. Where a checkpoint is there, it must say the same
+    (a log written by an older train.py, which logged the row first, can claim a save that failed)."""
     try:
         with open(os.path.join(path, 'config.json')) as f:
             max_iters = json.load(f)['max_iters']
         rows = read_log(os.path.join(path, 'log.jsonl'))
-        return any(r.get('step') == max_iters and 'val_loss' in r and not r.get('eval_only') for r in rows)
-    except (OSError, ValueError, KeyError, TypeError):
+        logged = any(r.get('step') == max_iters and 'val_loss' in r and not r.get('eval_only') for r in rows)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SystemExit):
         return False
+    ckpt = os.path.join(path, 'ckpt.pt')
+    return logged and (not os.path.exists(ckpt) or checkpoint_progress(ckpt) == (max_iters, max_iters))
 
 
 def logged_step(path):
@@ -218,7 +234,7 @@ class Stop:
 def run_env(root):
     """The runs' environment: this one, with TORCHINDUCTOR_CACHE_DIR set to <root>/inductor_cache unless it is set
     already. Every run of a study then shares one compile cache: the first run of a mode and shape compiles
-    its kernels, the other seeds load them (README "Compile time"). Inductor writes its cache files to a
+    its kernels, the other seeds load them (docs/gpus.md, "Compile time"). Inductor writes its cache files to a
     temporary name and renames them, so runs on several nodes may share the folder."""
     env = dict(os.environ)
     env.setdefault('TORCHINDUCTOR_CACHE_DIR', os.path.abspath(os.path.join(root, 'inductor_cache')))
@@ -233,8 +249,13 @@ def launch(run, root, launcher, extra, index, stop):
     with open(os.path.join(path, 'train.out'), 'a') as out:
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
-        stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, env=run_env(root),
-                                      start_new_session=True)
+        try:
+            stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, env=run_env(root),
+                                          start_new_session=True)
+        except OSError as e:
+            raise SystemExit(f"study stopped: the launcher cannot start ({cmd[0]}: {e.strerror}). Check --launcher "
+                             "(e.g. torchrun is on PATH once its environment is active), then run the same command "
+                             "again.") from None
         if stop.signal:                   # a signal that came while the run was being started
             stop.child.send_signal(signal.SIGTERM)
         code = stop.child.wait()
@@ -293,9 +314,14 @@ def report(name, root='.', plots=True):
     folders = list(dict.fromkeys(os.path.dirname(r.out_dir) for r in runs))
     sections = [f"# Study `{name}`: paired results\n\n(python study.py report {name}; tables by compare.py, "
                 f"Δ = NLL(arm) − NLL(base), validation NLL at the last step)\n"]
+    # what a report writes next to the runs (the results JSON, the plots, the report itself, and the
+    # temporary names a report killed mid-write leaves) is not a run: passed over without a word
+    own = {os.path.abspath(os.path.join(root, p)) for p in [report_file, *(q for f in folders for q in outputs(f))]}
+    own |= {p + '.tmp' for p in own}
     for folder in folders:
-        paths = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(root, folder, '*')))   # (as written in the report)
-        loaded = [r for r in map(compare.load_run, paths) if r]
+        paths = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(root, folder, '*'))   # (as written in the report)
+                       if os.path.abspath(p) not in own)
+        loaded, skipped = compare.load_runs(paths)
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
         sections.append(f"## {folder}\n")
         sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
@@ -304,6 +330,8 @@ def report(name, root='.', plots=True):
             sections.append(routing)
         if refused:
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
+        if skipped:
+            sections.append("Skipped (not runs):\n" + compare.skipped_lines(skipped))
         json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
         if results:
             compare.write_json(json_path, results)

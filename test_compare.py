@@ -119,7 +119,7 @@ def test_a_torn_last_log_line_is_dropped_and_a_bad_line_named(study):
     lines = open(path).read().split('\n')
     lines[1] = lines[1][:20]                          # damage in the middle of the file: an error
     open(path, 'w').write('\n'.join(lines))
-    with pytest.raises(SystemExit, match=r'rd_s1/log.jsonl, line 2: not valid JSON'):
+    with pytest.raises(compare.NotARun, match=r'rd_s1/log.jsonl, line 2: not valid JSON'):
         compare.load_run(os.path.join(study, 'rd_s1'))
 
 

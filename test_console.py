@@ -1,4 +1,4 @@
-"""What a nanoGPT user sees (README "Console and dashboards"): a short run summary instead of a JSON dump,
+"""What a nanoGPT user sees (docs/training.md): a short run summary instead of a JSON dump,
 an ETA, plain progress lines in log files, and Weights & Biases tracking that records what log.jsonl
 records, grouped so that pairs line up, and continued by a resume. The tracker runs in its offline
 mode: it writes a local run directory, which is read back here."""

@@ -1,6 +1,8 @@
-"""The course kit's hidden tests (COURSE.md): graded by `python course.py grade N`, never handed out,
-because they hold the answers: a literal implementation of the AttnRes equations, a literal data order,
-and statistics checked on values the public tests do not use. They run with the rest of the suite too.
+"""Independent checks of the instructor's solutions, never handed out because they hold the answers: a
+literal implementation of the AttnRes equations, a literal data order (and the committed study logs'
+fingerprints), statistics on values the public tests do not use. The course kit's grader
+(course_grader.py) compares a student's code with the instructor's: these tests are why the instructor's
+code can be the reference.
 """
 
 import json

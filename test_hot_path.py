@@ -1,4 +1,4 @@
-"""What an 8-GPU run needs from the training loop, checked on the CPU (README "Ready for GPUs"):
+"""What an 8-GPU run needs from the training loop, checked on the CPU (docs/gpus.md):
 the data order is cached and unchanged, no step waits for the device, every compiled call has one
 static shape, float16 survives its loss scaler, the depth logits never go through a (TF32) matmul,
 and the small things: MFU, dtype choice, errors under torchrun."""
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import common
+import run_control
 import train
 from test_train import TINY, read_log, run
 
@@ -127,7 +128,7 @@ def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     p = run(['--dtype=float16', '--fp16_init_scale=1e30', '--max_iters=40', '--lr_decay_iters=40',
              '--eval_interval=5'], data_dir, out, expect_ok=False)
-    assert p.returncode != 0 and f'{train.MAX_SKIPPED_STEPS} steps in a row' in p.stderr, p.stderr[-1500:]
+    assert p.returncode != 0 and f'{run_control.MAX_SKIPPED_STEPS} steps in a row' in p.stderr, p.stderr[-1500:]
     # skipped steps leave the weights as they were: what was saved before the stop is still good
     ckpt = common.load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['step'] < 25 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
@@ -167,9 +168,9 @@ def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, 
     assert p.returncode != 0
     assert p.stderr.count('must be divisible by batch_size') == 1, p.stderr[-3000:]
     assert 'batch_size=2 works' in p.stderr
-    assert train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=2 ** 19), 8, True) == (4, 512)
+    assert run_control.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=2 ** 19), 8, True) == (4, 512)
     with pytest.raises(SystemExit, match='batch_size=12 works'):   # 24 windows per process: 16 does not divide them
-        train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=1024 * 6 * 24), 6, True)
+        run_control.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=1024 * 6 * 24), 6, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,10 +184,18 @@ def test_traffic_model_counts_every_read_point():
     # (routes, sources) of each read: sublayers 0..3 and the final read
     reads = [(2, 1), (1, 2), (2, 2), (1, 3), (1, 3)]
     assert bench.read_bytes_per_token(model) == sum(4 * 16 * (S * (5 + 2 * R) + R) for R, S in reads)
+    # the two-phase read, by hand: one block of 2 sublayers (routes 2, 1), then another (2, 1), 3 padded
+    # sources, d = 16: phase 1 per block, phase 2 per sublayer (no partial at a block's first), a plain final read
+    d, n = 16, 3
+    phase1 = sum(4 * (n * d + R * (d + 2)) + 4 * (R * (d + 2) + 3 * n * d) for R in (3, 3)) + 4 * d * (n * 7 + 1)
+    phase2 = sum(4 * (p + R * (d + 2) + R * d) + 4 * (R * d + 2 * R * (d + 2) + 2 * p)
+                 for R, p in ((2, 0), (1, d), (2, 0), (1, d)))
+    assert bench.two_phase_bytes_per_token(model) == (phase1, phase2)
     rows = bench.traffic_model(dict(bench.DEFAULTS, traffic=True))
-    by = {(r['shape'], r['mode']): r['predicted_overhead'] for r in rows}
-    assert set(by) == {(s, m) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres')}
-    assert all(by[(s, 'rd_attnres')] > by[(s, 'attnres')] > 0 for s in ('120m', '343m'))
+    by = {(r['shape'], r['mode'], r['read']): r['predicted_overhead'] for r in rows}
+    assert set(by) == {(s, m, r) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres') for r in ('plain', 'two_phase')}
+    assert all(by[(s, 'rd_attnres', r)] > by[(s, 'attnres', r)] > 0 for s in ('120m', '343m') for r in ('plain', 'two_phase'))
+    assert all(by[(s, m, 'two_phase')] < by[(s, m, 'plain')] for s in ('120m', '343m') for m in ('attnres', 'rd_attnres'))
 
 
 def test_compile_cost_counts_each_kernel_library_once(tmp_path):

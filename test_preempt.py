@@ -1,5 +1,5 @@
 """A run that starts or continues by itself, survives preemption, and ends cleanly under torchrun
-(README: "Preemption and restarts"). Every run is a real train.py process on the CPU (tiny model, the
+(docs/run_safety.md). Every run is a real train.py process on the CPU (tiny model, the
 built-in corpus); signals are sent to it mid-run, as a scheduler would."""
 
 import json
@@ -11,6 +11,8 @@ import time
 
 import torch
 
+import run_control
+import run_dir
 import train
 from test_train import HERE, TINY, read_log, run
 
@@ -106,19 +108,22 @@ def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
     full = str(tmp_path / 'full')
     run(['--lr_decay_iters=4'], data_dir, full)
     assert_same_run(out, full)
-    before = {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+    before = {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
     p = run(args, data_dir, out)                                          # finished: nothing to do
     assert 'already finished at step 4' in p.stdout
-    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
     p = run(args + ['--seed=2'], data_dir, out, expect_ok=False)         # another run: refused
     assert p.returncode != 0 and 'cannot resume' in p.stderr and 'seed' in p.stderr
-    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in train.RUN_FILES}
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
 
 
 def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run(['--max_iters=4'], data_dir, out)
-    os.remove(os.path.join(out, 'ckpt.pt'))          # what a kill before the first checkpoint leaves
+    # what a kill at step 1, before the first checkpoint (the first evaluation, step 2), leaves
+    os.remove(os.path.join(out, 'ckpt.pt'))
+    rows = [json.loads(line) for line in open(os.path.join(out, 'log.jsonl'))]
+    open(os.path.join(out, 'log.jsonl'), 'w').write(''.join(json.dumps(r) + '\n' for r in rows if r['step'] < 2))
     p = run(['--init_from=auto', '--seed=2'], data_dir, out, expect_ok=False)   # not this run: refused
     assert p.returncode != 0 and 'another configuration' in p.stderr and 'seed' in p.stderr
     run(['--init_from=auto'], data_dir, out)         # this run: started again, nothing trained was lost
@@ -179,6 +184,6 @@ def test_two_processes_stop_together_whoever_gets_the_signal(data_dir, tmp_path)
 
 def test_the_signal_handlers_are_given_back(data_dir, tmp_path):
     # a process that calls train.main (a test, a notebook) must still be stoppable by SIGTERM afterwards
-    before = {sig: signal.getsignal(sig) for sig in train.STOP_SIGNALS}
+    before = {sig: signal.getsignal(sig) for sig in run_control.STOP_SIGNALS}
     train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}', '--max_iters=1'])
-    assert {sig: signal.getsignal(sig) for sig in train.STOP_SIGNALS} == before
+    assert {sig: signal.getsignal(sig) for sig in run_control.STOP_SIGNALS} == before

@@ -1,4 +1,4 @@
-"""A study never loses, mixes or silently alters a run (README "What is guaranteed"). Each test causes
+"""A study never loses, mixes or silently alters a run (docs/run_safety.md). Each test causes
 the fault on purpose (a run twice by mistake, a resume with another schedule, a torn log line, flipped
 bytes in a checkpoint, a kill between two renames, an edited input, bad rows and files) and checks
 that nothing was lost or silently changed."""
@@ -17,6 +17,7 @@ import torch
 
 import common
 import prepare
+import run_control
 import train
 from test_prepare import DOCS, write_jsonl
 from test_train import HERE, read_log, run
@@ -75,8 +76,8 @@ def test_eval_only_on_a_checkpoint_evaluates_logs_and_touches_nothing(data_dir, 
 
 
 def test_the_divergence_message_names_what_was_non_finite():
-    assert 'non-finite training loss at step 7' in train.divergence_message(7, 7, 10, 'c.pt')
-    message = train.divergence_message(-1, 4, 10, 'c.pt')
+    assert 'non-finite training loss at step 7' in run_control.divergence_message(7, 7, 10, 'c.pt')
+    message = run_control.divergence_message(-1, 4, 10, 'c.pt')
     assert 'non-finite gradient norm at step 4 (the training loss was finite)' in message and 'noticed at step 10' in message
 
 

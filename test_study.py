@@ -97,6 +97,29 @@ def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
         assert_same_run(str(whole / 'runs' / run), str(cut / 'runs' / run))
     report = (cut / 'mini_report.md').read_text()
     assert '### rd_attnres vs attnres' in report and '| 1 |' in report
+    # a finished study reports any number of times (its results.json and plots/ lie among the runs), also
+    # after a report killed mid-write, and the tables stay the same
+    first = (whole / 'mini_report.md').read_text()
+    report_cmd = [sys.executable, os.path.join(HERE, 'study.py'), 'report', plan, '--root', str(whole)]
+    for _ in range(2):
+        p = subprocess.run(report_cmd, capture_output=True, text=True, env=ENV, timeout=600)
+        assert p.returncode == 0 and (whole / 'mini_report.md').read_text() == first, p.stderr[-2000:]
+    killed = subprocess.Popen(report_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    time.sleep(1.0)
+    killed.kill()
+    killed.wait()
+    # what a kill mid-write leaves, planted too (wherever the kill above landed)
+    (whole / 'runs' / 'results.json.tmp').write_text('{"half')
+    (whole / 'mini_report.md.tmp').write_text('# half a rep')
+    (whole / 'runs' / 'plots' / 'curves_half.png').write_bytes(b'\x89PNG half')
+    p = subprocess.run(report_cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0 and (whole / 'mini_report.md').read_text() == first, p.stderr[-2000:]
+    assert 'Skipped' not in first and 'Refused' not in first
+    # compare.py over the same folder: the report's own files are skipped with a line that says why
+    p = subprocess.run([sys.executable, os.path.join(HERE, 'compare.py'), str(whole / 'runs' / '*')],
+                       capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0 and '### rd_attnres vs attnres' in p.stdout, p.stderr[-2000:]
+    assert 'results.json: not a run directory (a file)' in p.stdout and 'plots: no config.json' in p.stdout
     # run once more: everything is finished, nothing is started
     p = subprocess.run(study_cmd(plan, cut, data_dir, '--no_report'), capture_output=True, text=True, env=ENV,
                        timeout=600)

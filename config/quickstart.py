@@ -1,5 +1,5 @@
 # The README quickstart: a small RD-AttnRes model on the built-in tiny corpus (README: how long it
-# takes, measured on a 2-core CPU). First: python prepare.py --dataset tiny
+# takes). First: python prepare.py --dataset tiny
 out_dir = 'out/quickstart'
 dataset = 'tiny'
 residual = 'rd_attnres'

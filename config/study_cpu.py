@@ -1,4 +1,4 @@
-# The paired study at CPU scale (python study.py run; README "Results at CPU scale"). Frozen before
+# The paired study at CPU scale (python study.py run; docs/results.md). Frozen before
 # the first run: every arm uses exactly these values and differs only in `residual` (given on the
 # command line by study.py, like the seed).
 out_dir = 'study/runs/main/{residual}_s{seed}'

@@ -6,13 +6,14 @@
 #   MODES=standard,attnres,rd_attnres bash scripts/gpu_check.sh   # fewer modes, fewer compilations
 #
 # 1. every mode, torch.compile + bf16, at the 120m shape (12 x 768, context 1024, micro-batch 16):
-#    step time, tokens/s, MFU, peak memory, compile time (the first step)
+#    step time, tokens/s, MFU, peak memory, compile time (the first step); attnres and rd_attnres also with
+#    their reads computed in two phases (+two_phase), each x standard
 # 2. peak memory of one rd_343m micro-batch of 16 (24 x 1024, compiled, bf16): does batch_size=16 fit?
 # 3. with 2 or more GPUs: torchrun with 2 processes, 20 steps on the tiny corpus (NCCL, DDP, compile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_check}"
-MODES="${MODES:-standard,attnres,rd_attnres,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_heads}"
+MODES="${MODES:-standard,attnres,rd_attnres,attnres+two_phase,rd_attnres+two_phase,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_heads}"
 mkdir -p "$OUT"
 rm -f "$OUT"/bench_*.jsonl "$OUT"/traffic.jsonl
 # compiled graphs are cached here: a second run of this script (or of train.py with the same variable)
@@ -61,11 +62,11 @@ for r in rows:
 print(f"\ntorchrun, 2 processes: {ddp}")
 # the measured overhead of depth routing at the 120m shape, beside the traffic model's estimate
 measured = {r['mode']: r['time_vs_standard'] for r in rows if r['config']['n_layer'] == 12}
-estimate = {r['mode']: r['predicted_overhead'] for l in open(f"{out}/traffic.jsonl")
-            for r in [json.loads(l)] if r['shape'] == '120m'}
+estimate = {r['mode'] + ('' if r['read'] == 'plain' else '+two_phase'): r['predicted_overhead']
+            for l in open(f"{out}/traffic.jsonl") for r in [json.loads(l)] if r['shape'] == '120m'}
 print("\n| 120m, compiled bf16 | measured step time x standard | estimated (bench.py --traffic, from bandwidth) |")
 print("|---|---:|---:|")
-for mode in ('attnres', 'rd_attnres'):
+for mode in ('attnres', 'rd_attnres', 'attnres+two_phase', 'rd_attnres+two_phase'):
     if mode in measured:
         print(f"| {mode} | {measured[mode]:.3f} | {1 + estimate[mode]:.3f} |")
 PY

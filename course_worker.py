@@ -1,0 +1,191 @@
+"""
+The course kit's probes: what the grader asks of a student's code (COURSE.md, "How grading works").
+
+    python course_worker.py < request.safetensors > answers.safetensors
+
+A probe calls one of the functions an assignment asks for on inputs it is given and returns what it
+computed. The grader (course_grader.py, which never runs student code) sends a request, this worker runs
+each probe on the project it sits in, inside a sandbox, and writes the answers; the grader runs the same
+probes on the instructor's project and compares. Requests and answers are safetensors (tensors and a
+JSON header: nothing in them can run code), never pickle.
+"""
+
+import contextlib
+import json
+import os
+import struct
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MATMULS = {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot', 'inner', 'dot', 'baddbmm'}
+
+
+# -----------------------------------------------------------------------------
+# The probes: (args, tensors) -> (tensors, values)
+
+def read_sources(t, n):
+    import model
+    return [model.source(t[f'x{i}']) for i in range(n)]
+
+
+def probe_depth_read(args, t):
+    """Assignment 1: model.depth_read over the given sources and queries (bf16 autocast if asked)."""
+    import torch
+    import model
+    sources = read_sources(t, args['n_sources'])
+    ctx = torch.autocast('cpu', dtype=torch.bfloat16) if args.get('autocast') else contextlib.nullcontext()
+    with ctx:
+        h, alpha = model.depth_read(sources, t['queries'])
+    return {'h': h, 'alpha': alpha}, {}
+
+
+def probe_depth_read_ops(args, t):
+    """Assignment 1: the names of the operations the read runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import model
+    ops = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            ops.append(func.overloadpacket.__name__)
+            return func(*a, **(kw or {}))
+    sources = read_sources(t, args['n_sources'])
+    with Record():
+        model.depth_read(sources, t['queries'])
+    return {}, {'ops': sorted(set(ops))}
+
+
+def small_model(args, t):
+    """A GPT of the given configuration with the given weights (float64)."""
+    import torch
+    import model
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(**args['config'])).double()
+    gpt.load_state_dict({k[len('w.'):]: v for k, v in t.items() if k.startswith('w.')})
+    return gpt
+
+
+def probe_read_point(args, t):
+    """Assignment 2: the attention read point of block `layer` (its routes, queries and key gain) over the
+    given sources, with its routing log."""
+    gpt = small_model(args, t)
+    log = []
+    h = gpt.transformer.h[args['layer']].attn_read(read_sources(t, args['n_sources']), log)
+    return {'h': h}, {'routes': [r['route'] for r in log]}
+
+
+def probe_attn_inputs(args, t):
+    """Assignment 2: the attention sublayer's two inputs (x_qk, x_v) of block `layer`, with its routing log."""
+    gpt = small_model(args, t)
+    log = []
+    x_qk, x_v = gpt.transformer.h[args['layer']].attn_inputs(read_sources(t, args['n_sources']), log)
+    return {'x_qk': x_qk, 'x_v': x_v, **{f'alpha{i}': r['alpha'] for i, r in enumerate(log)}}, \
+        {'routes': [r['route'] for r in log]}
+
+
+def probe_forward(args, t):
+    """Assignment 3: a whole forward pass with the routing recorded, and the gradient of every pseudo-query."""
+    import torch
+    gpt = small_model(args, t)
+    gpt.record_routing = True
+    logits, loss = gpt(t['idx'], t['targets'])
+    loss.backward()
+    names = [n for n, _ in gpt.named_parameters() if n.endswith('_query')]
+    out = {'logits': logits.detach(), **{f'alpha{i}': r['alpha'] for i, r in enumerate(gpt.routing)}}
+    grads = {f'grad.{n}': (p.grad if p.grad is not None else torch.full_like(p, float('nan')))
+             for n, p in gpt.named_parameters() if n in names}
+    reads = [[r['sublayer'], r['route'], r['alpha'].numel()] for r in gpt.routing]
+    return {**out, **grads}, {'reads': reads}
+
+
+def probe_step_windows(args, t):
+    """Assignment 4: common.step_windows, in a process that torchrun would have started as RANK of WORLD_SIZE."""
+    import common
+    before = dict(os.environ)
+    os.environ.update({k: str(v) for k, v in args.get('env', {}).items()})
+    try:
+        windows = common.step_windows(args['step'], args['n_windows'], args['windows_per_step'], args['seed'])
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    return {}, {'windows': [int(w) for w in windows]}
+
+
+def probe_paired_stats(args, t):
+    """Assignment 5: compare.paired_stats of the given differences."""
+    import compare
+    r = compare.paired_stats(list(args['deltas']))
+    return {}, {'stats': {k: (list(map(float, v)) if isinstance(v, (list, tuple)) else float(v)) for k, v in r.items()}}
+
+
+PROBES = {name[len('probe_'):]: fn for name, fn in dict(globals()).items() if name.startswith('probe_')}
+
+
+def run_probe(name, args, tensors):
+    """(tensors, values) of one probe, or raises what the code under it raised."""
+    import torch
+    out, values = PROBES[name](args, tensors)
+    bad = [k for k, v in out.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise TypeError(f"returned {type(out[bad[0]]).__name__} where a tensor was expected ({bad[0]})")
+    json.dumps(values)   # plain values only
+    return {k: v.detach().contiguous() for k, v in out.items()}, values
+
+
+# -----------------------------------------------------------------------------
+# The wire format: safetensors with a JSON header (tensors keyed "<probe index>/<name>")
+
+def pack(tensors, meta):
+    from safetensors.torch import save
+    return save({k: v.detach().clone().contiguous() for k, v in tensors.items()}, metadata={'json': json.dumps(meta)})
+
+
+def unpack(data):
+    """(tensors, meta) of a safetensors blob; anything else is a ValueError."""
+    from safetensors.torch import load
+    if len(data) < 8:
+        raise ValueError("empty")
+    (size,) = struct.unpack('<Q', data[:8])
+    header = json.loads(data[8:8 + size])
+    return load(data), json.loads(header.get('__metadata__', {}).get('json', 'null'))
+
+
+def where_in_student_code(e):
+    """'model.py, line 12: <the line>' of the innermost frame of an answer file, or ''."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.dirname(os.path.abspath(f.filename)) == HERE
+              and os.path.basename(f.filename) != os.path.basename(__file__)]
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{os.path.basename(e.filename)}, line {e.lineno}: {(e.text or '').strip()}"
+    return f"{os.path.basename(frames[-1].filename)}, line {frames[-1].lineno}: {frames[-1].line}" if frames else ''
+
+
+def main():
+    user = os.environ.pop('COURSE_WORKER_USER', None)
+    if user:   # started as root in the sandbox: become an unprivileged user before anything else is read
+        os.setgroups([])
+        os.setgid(int(user))
+        os.setuid(int(user))
+    sys.path.insert(0, HERE)
+    import torch
+    torch.set_num_threads(1)
+    request = sys.stdin.buffer.read()
+    answers_out = os.fdopen(os.dup(1), 'wb')
+    os.dup2(2, 1)   # what the code under test prints goes to stderr, not into the answers
+    tensors, meta = unpack(request)
+    out_tensors, results = {}, []
+    for i, probe in enumerate(meta['probes']):
+        mine = {k.split('/', 1)[1]: v for k, v in tensors.items() if k.split('/', 1)[0] == str(i)}
+        try:
+            got, values = run_probe(probe['probe'], probe['args'], mine)
+            out_tensors.update({f'{i}/{k}': v for k, v in got.items()})
+            results.append(dict(ok=True, values=values))
+        except BaseException as e:   # noqa: B902 (SystemExit, KeyboardInterrupt from the code under test too)
+            error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:160]}"
+            results.append(dict(ok=False, error=error, where=where_in_student_code(e)[:160]))
+    answers_out.write(pack(out_tensors, {'results': results}))
+    answers_out.flush()
+
+
+if __name__ == '__main__':
+    main()

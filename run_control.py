@@ -1,0 +1,177 @@
+"""
+The checks around train.py's loop (docs/run_safety.md): the configuration checked before anything is
+written, the batch arithmetic, the stop signals of a preempting scheduler, and the divergence guards.
+None of it reads the device on a training step: the guards keep their flags on the device and the
+ranks agree on them at log steps, where the loop reads the device anyway.
+"""
+
+import os
+import signal
+import sys
+
+import torch
+
+from common import MODEL_KEYS, check_device, resolve_dtype, schedule_length
+from model import GPTConfig
+from prepare import read_dataset
+from run_dir import fail, kept_checkpoint
+
+# Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
+# workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
+# checkpoint there; the process then exits with this code (sysexits.h's EX_TEMPFAIL: "try again").
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EXIT_STOPPED = 75
+# float16: a step whose scaled gradients overflow is skipped by the GradScaler, which then halves the
+# scale. That is normal now and then; this many skipped steps in a row means the run has diverged.
+MAX_SKIPPED_STEPS = 20
+
+POSITIVE = ('eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size', 'block_size',
+            'n_layer', 'n_head', 'n_embd', 'attnres_block_size')
+NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
+                'grad_clip', 'peak_flops')
+
+
+def validate(cfg):
+    """Check every key that can be checked without data, and the device, and fill in out_dir's {keys}, so
+    that a bad value is a message before anything is written (a rerun with the value fixed then starts
+    cleanly). train() checks the rest: the batch arithmetic, the data, the out_dir."""
+    try:
+        cfg['out_dir'] = cfg['out_dir'].format(**cfg)
+    except (KeyError, IndexError, ValueError) as e:
+        raise SystemExit(f"out_dir={cfg['out_dir']!r}: {{{e.args[0] if isinstance(e, KeyError) else e}}} is not a "
+                         "config key; out_dir may name keys in braces, e.g. 'out/{residual}_s{seed}'") from None
+    bad = [f"{k}={cfg[k]!r} must be > 0" for k in POSITIVE if cfg[k] <= 0]
+    bad += [f"{k}={cfg[k]!r} must be >= 0" for k in NON_NEGATIVE if cfg[k] < 0]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1]" for k in ('min_lr_ratio',) if not 0 <= cfg[k] <= 1]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1)" for k in ('beta1', 'beta2') if not 0 <= cfg[k] < 1]
+    bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
+    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
+        bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
+    try:
+        GPTConfig(depth_read=cfg['depth_read'], **{k: cfg[k] for k in MODEL_KEYS})
+    except ValueError as e:
+        bad.append(str(e))
+    if bad:
+        raise SystemExit("bad configuration: " + '; '.join(bad))
+    check_device(cfg['device'])
+    resolve_dtype(cfg['dtype'], 'cpu')   # an unknown dtype is an error here, whatever the device
+    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only'] and os.environ.get('RANK', '0') == '0':
+        print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
+              "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
+
+
+def batch_arithmetic(cfg, world, master):
+    """(micro-steps per process, windows per step). total_batch_size must split evenly into
+    world_size x batch_size x block_size; if it does not, propose a batch_size that works."""
+    T, B, total = cfg['block_size'], cfg['batch_size'], cfg['total_batch_size']
+    if total % (B * T * world) == 0:
+        return total // (B * T * world), total // T
+    if total % (T * world) != 0:
+        fail(f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: "
+             "no batch_size can split it evenly; change total_batch_size or the number of processes", master)
+    per_rank = total // (T * world)  # windows per process per step
+    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
+    fail(f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = "
+         f"{B} * {T} * {world}; with {world} processes, batch_size={fits} works "
+         f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
+
+
+def fix_schedule(cfg, master):
+    """The LR schedule's length, fixed when a run starts (a resume keeps it): lr_decay_iters, 0 = max_iters.
+    A run past its end is refused unless train_past_schedule says that is meant."""
+    cfg['lr_decay_iters'] = schedule_length(cfg)
+    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
+        fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
+             f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
+             "want, add --train_past_schedule=True.", master)
+
+
+def open_data(cfg, procs, windows_per_step):
+    """The prepared bins (one build), the number of training windows, the validation windows."""
+    T = cfg['block_size']
+    train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])
+    n_windows = (len(train_data) - 1) // T
+    if n_windows < windows_per_step:
+        fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
+             "prepare more data or lower total_batch_size", procs.master)
+    n_eval = (len(val_data) - 1) // T
+    if cfg['eval_tokens']:
+        n_eval = min(n_eval, cfg['eval_tokens'] // T)
+    if n_eval < 1 and cfg['eval_tokens'] and len(val_data) > T:
+        fail(f"eval_tokens={cfg['eval_tokens']} is less than one block of block_size={T} tokens: raise eval_tokens "
+             f"(0 = all of val.bin, {len(val_data):,} tokens)", procs.master)
+    if n_eval < 1:
+        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}: prepare more validation data "
+             "or lower block_size", procs.master)
+    return train_data, val_data, n_windows, n_eval
+
+
+
+class StopSignals:
+    """Takes note of SIGTERM / SIGUSR1 (docs/run_safety.md): the handler only records the signal, the
+    ranks agree to stop at the next log step, write a checkpoint there and exit with EXIT_STOPPED.
+    restore() gives a caller in the same process (a test, a notebook) its own handlers back."""
+
+    def __init__(self):
+        self.received = []
+        self.before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda signum, frame: self.received.append(signal.Signals(signum).name))
+
+    def restore(self):
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+
+
+def divergence_message(loss_step, norm_step, now, ckpt_path):
+    """What went non-finite first (-1 = never), and what to do about it."""
+    if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
+        what = f"training loss at step {loss_step}"
+    else:
+        what = f"gradient norm at step {norm_step} (the training loss was finite)"
+    return (f"non-finite {what}, noticed at step {now}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
+            "Start again with a lower learning_rate, more warmup_iters or a grad_clip.")
+
+
+def check_in(first_nonfinite, stop_requested, now, ckpt_path, procs):
+    """The ranks agree, in one all-reduce and one read-back at a step where the loop reads the device
+    anyway: stop with a message if a loss or gradient norm went non-finite on any rank (first_nonfinite:
+    the first step it happened on this rank, -1 = never), and return whether any rank was asked to stop
+    by a signal (then all of them stop at this same step)."""
+    flags = torch.cat([first_nonfinite, first_nonfinite.new_tensor([int(stop_requested)])])
+    if procs.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    loss_step, norm_step, stop = flags.tolist()
+    if loss_step >= 0 or norm_step >= 0:
+        fail(divergence_message(loss_step, norm_step, now, ckpt_path), procs.master)
+    return stop > 0
+
+
+class SkippedSteps:
+    """float16: counts the steps the GradScaler skipped (their scaled gradients overflowed, the scale went
+    down) and stops the run after MAX_SKIPPED_STEPS in a row. The scaler's own check has already read the
+    device, so comparing the scales costs no extra wait."""
+
+    def __init__(self, scaler):
+        self.scaler, self.in_a_row, self.since_log = scaler, 0, 0
+
+    def before(self):
+        self.scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+
+    def after(self, step, ckpt_path, master):
+        if not self.scaler.is_enabled():
+            return
+        skipped = self.scaler.get_scale() < self.scale
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        self.since_log += skipped
+        if self.in_a_row >= MAX_SKIPPED_STEPS:
+            fail(f"float16: {self.in_a_row} steps in a row had non-finite gradients and were skipped "
+                 f"(loss scale now {self.scaler.get_scale():g}), up to step {step}: the run has diverged. Stopped "
+                 f"without saving; {kept_checkpoint(ckpt_path)}.", master)
+
+    def log_fields(self):
+        """The float16 columns of a log row (and the count restarts)."""
+        if not self.scaler.is_enabled():
+            return {}
+        fields, self.since_log = dict(skipped_steps=self.since_log, loss_scale=self.scaler.get_scale()), 0
+        return fields

@@ -1,0 +1,442 @@
+"""Every file the project reads, given a bad one (docs/run_safety.md, the readers' table): missing,
+empty, truncated, not UTF-8, not what its name says, from another version, or being written by another
+process. Each case causes the fault and asserts a clear message (no traceback) or a correct recovery; and
+the messages that claim a file say so only when it is on disk."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import common
+import compare
+import prepare
+import study
+from test_compare import make_run
+from test_guarantees import limit_file_size, python
+from test_preempt import logged_steps, start, wait_for_step
+from test_prepare import DOCS, write_jsonl
+from test_train import HERE, TINY, run
+
+
+def message_of(fn, *args):
+    """The message of the SystemExit that fn(*args) must raise (any other exception fails the test)."""
+    with pytest.raises(SystemExit) as e:
+        fn(*args)
+    return str(e.value)
+
+
+def no_traceback(p):
+    assert p.returncode != 0 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+    return p.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Token bins and meta.json (prepare.read_dataset, prepare.built_from)
+
+def bins(data_dir, tmp_path):
+    copy = tmp_path / 'data'
+    shutil.copytree(os.path.join(data_dir, 'tiny'), copy / 'tiny')
+    return str(copy), copy / 'tiny'
+
+
+@pytest.mark.parametrize('fault, message', [
+    ('missing', 'no prepared data at'),
+    ('empty', 'not a token file (0 bytes'),
+    ('truncated', 'the file is truncated or corrupted'),
+    ('text', 'not a file written by prepare.py'),
+    ('folder', 'cannot be read'),
+    ('version', 'format version 2, this code reads version 1'),
+    ('other build', 'carry different data_ids'),
+])
+def test_a_bad_token_file_is_a_message(data_dir, tmp_path, fault, message):
+    root, folder = bins(data_dir, tmp_path)
+    path = folder / 'val.bin'
+    if fault == 'missing':
+        path.unlink()
+    elif fault == 'empty':
+        path.write_bytes(b'')
+    elif fault == 'truncated':
+        path.write_bytes(path.read_bytes()[:-7])
+    elif fault == 'text':
+        path.write_text('these are words, not tokens ' * 20)
+    elif fault == 'folder':
+        path.unlink()
+        path.mkdir()
+    elif fault == 'version':
+        header = np.fromfile(path, dtype='<i8', count=16)
+        header[1] = 2
+        path.write_bytes(header.tobytes() + path.read_bytes()[128:])
+    else:   # another build's val.bin: written by a build of other data while this one was read
+        header = np.fromfile(path, dtype='<i8', count=16)
+        header[3] += 1
+        path.write_bytes(header.tobytes() + path.read_bytes()[128:])
+    assert message in message_of(prepare.read_dataset, root, 'tiny')
+
+
+@pytest.mark.parametrize('meta', [None, b'', b'{"data_id": 1', b'\xff\xfe', b'[1, 2]', b'{"data_id": "x"}'])
+def test_a_bad_meta_json_means_a_rebuild(data_dir, tmp_path, meta):
+    root, folder = bins(data_dir, tmp_path)
+    before = (folder / 'train.bin').read_bytes()
+    if meta is None:
+        (folder / 'meta.json').unlink()
+    else:
+        (folder / 'meta.json').write_bytes(meta)
+    assert prepare.built_from(str(folder)) is None
+    prepare.main(['--dataset', 'tiny', '--data_dir', root])        # rebuilt: the same corpus, the same tokens
+    assert (folder / 'train.bin').read_bytes() == before and prepare.built_from(str(folder))
+
+
+def test_two_builds_into_one_folder_never_mix(tmp_path):
+    write_jsonl(tmp_path / 'a.jsonl', DOCS * 5)
+    out = tmp_path / 'data' / 'x'
+    args = ['--input', str(tmp_path / 'a.jsonl'), '--name', 'x', '--data_dir', str(tmp_path / 'data'), '--num_proc', '1']
+    second = []
+    real_build = prepare.build
+
+    def build_while_another_starts(*a):
+        # the moment a second build used to delete this one's .tmp files: it is refused, naming this one
+        second.append(python('prepare.py', *args, '--force'))
+        return real_build(*a)
+    prepare.build = build_while_another_starts
+    try:
+        prepare.main(args)
+    finally:
+        prepare.build = real_build
+    stderr = no_traceback(second[0])
+    assert 'is being built by another prepare.py (pid' in stderr and str(os.getpid()) in stderr
+    meta = json.load(open(out / 'meta.json'))
+    train, val, data_id = prepare.read_dataset(str(tmp_path / 'data'), 'x')
+    assert (len(train), len(val), data_id) == (meta['train_tokens'], meta['val_tokens'], meta['data_id'])
+    assert python('prepare.py', *args).returncode == 0                 # the lock went with the build
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json and log.jsonl (compare.load_run, study.is_finished, train.py --init_from=auto)
+
+BAD_CONFIGS = {'missing': None, 'empty': b'', 'truncated': b'{"residual": "attnres", "se', 'not UTF-8': b'\xff\xfe{}',
+               'a list': b'[1, 2]', 'another program': b'{"model": "bert"}'}
+BAD_LOGS = {'missing': None, 'not UTF-8 in the middle': b'{"step": 0}\n\xff\xfe\n{"step": 1}\n',
+            'bad JSON in the middle': b'{"step": 0}\n{"step": \n{"step": 1}\n', 'rows without a step': b'[1, 2]\n'}
+
+
+@pytest.mark.parametrize('which, content', [('config.json', c) for c in BAD_CONFIGS.values()] +
+                         [('log.jsonl', c) for c in BAD_LOGS.values()],
+                         ids=[f'config {k}' for k in BAD_CONFIGS] + [f'log {k}' for k in BAD_LOGS])
+def test_compare_skips_what_is_not_a_run_and_reports_the_rest(tmp_path, capsys, which, content):
+    root = tmp_path / 'out'
+    for seed in (1, 2):
+        make_run(str(root), f'attnres_s{seed}', 'attnres', seed, 3.3)
+        make_run(str(root), f'rd_s{seed}', 'rd_attnres', seed, 3.2)
+    bad = make_run(str(root), 'rd_s3', 'rd_attnres', 3, 3.0)
+    make_run(str(root), 'attnres_s3', 'attnres', 3, 3.3)
+    if content is None:
+        os.remove(os.path.join(bad, which))
+    else:
+        open(os.path.join(bad, which), 'wb').write(content)
+    (root / 'results.json').write_text('{}')                          # a plain file among the runs
+    (root / 'plots').mkdir()                                          # a folder without a run
+    assert compare.main([str(root / '*')]) == 0
+    out = capsys.readouterr().out
+    assert '| 1 | 3.3000 | 3.2000 | -0.1000 |' in out and '| 3 |' not in out.split('### Skipped')[0]
+    skipped = out.split('### Skipped (3 paths that are not runs)')[1]
+    assert 'results.json: not a run directory (a file)' in skipped and 'plots: no config.json' in skipped
+    assert 'rd_s3: ' in skipped and ('config.json' if which == 'config.json' else 'log.jsonl') in skipped.split('rd_s3: ')[1]
+    assert not study.is_finished(bad)
+
+
+@pytest.mark.parametrize('content', list(BAD_CONFIGS.values())[1:], ids=list(BAD_CONFIGS)[1:])
+def test_train_refuses_a_run_whose_config_cannot_be_read(data_dir, tmp_path, content):
+    out = tmp_path / 'run'
+    out.mkdir()
+    (out / 'config.json').write_bytes(content)
+    (out / 'log.jsonl').write_text('{"step": 0, "val_loss": 1.0}\n')
+    stderr = no_traceback(run(['--init_from=auto'], data_dir, str(out), expect_ok=False))
+    assert 'without a readable config.json' in stderr or 'another configuration' in stderr
+    assert (out / 'config.json').read_bytes() == content                # nothing removed
+
+
+@pytest.mark.parametrize('content', list(BAD_LOGS.values())[1:], ids=list(BAD_LOGS)[1:])
+def test_a_resume_with_a_bad_log_is_a_message(data_dir, tmp_path, content):
+    out = tmp_path / 'run'
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+    (out / 'log.jsonl').write_bytes(content)
+    stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
+    assert 'log.jsonl, line ' in stderr and 'fix or remove that line' in stderr
+    assert (out / 'log.jsonl').read_bytes() == content
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints (train.py resume, sample.py, study.is_finished) and .safetensors weights (sample.py)
+
+def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+    ckpt = out / 'ckpt.pt'
+    good = ckpt.read_bytes()
+    cases = {'empty': b'', 'truncated': good[:len(good) // 2], 'text': b'not a checkpoint\n' * 100}
+    for name, content in cases.items():
+        ckpt.write_bytes(content)
+        stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
+        assert 'cannot be read' in stderr and 'left as it is' in stderr, name
+        assert not study.is_finished(str(out))
+    for name, obj in {'a list': [1, 2], 'no config': dict(model={}, step=2),
+                      'a model of numbers': dict(model={'w': 1}, optimizer={}, scaler={}, step=2, best_val_loss=1.0,
+                                                 config={}, rng={})}.items():
+        if isinstance(obj, dict):
+            common.save_checkpoint(obj, str(ckpt))   # (with a valid checksum: only the content is wrong)
+        else:
+            torch.save(obj, str(ckpt))
+        stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
+        assert 'not a checkpoint of train.py' in stderr, (name, stderr[-500:])
+
+
+@pytest.mark.parametrize('edit, message', [
+    (dict(n_layer=3), 'transformer.h.2.norm_attn.weight is missing'),
+    (dict(n_head=3), 'must be divisible by n_head=3'),
+    (dict(n_layer='2'), "n_layer='2' is not an integer"),
+    (dict(n_embd=1e7), 'n_embd=10000000.0 is not an integer'),
+    (dict(n_embd=10 ** 7), 'has shape (50304, 32)'),
+    (dict(residual='mystery'), "unknown residual='mystery'"),
+    (dict(n_layer=None), 'n_layer=None is not an integer'),
+])
+def test_weights_whose_header_does_not_match_their_tensors_are_refused(data_dir, tmp_path, edit, message):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    out = tmp_path / 'run'
+    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
+    weights = tmp_path / 'w.safetensors'
+    assert python('sample.py', f'--out_dir={out}', f'--export={weights}').returncode == 0
+    with safe_open(str(weights), framework='pt') as f:
+        header, tensors = json.loads(f.metadata()['config']), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(weights), metadata={'config': json.dumps(dict(header, **edit)), 'format': 'pt'})
+    p = python('sample.py', f'--weights={weights}', '--device=cpu', '--num_samples=1', '--max_new_tokens=2')
+    assert message in no_traceback(p)
+
+
+def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(data_dir, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    out = tmp_path / 'run'
+    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
+    weights = tmp_path / 'w.safetensors'
+    assert python('sample.py', f'--out_dir={out}', f'--export={weights}').returncode == 0
+    with safe_open(str(weights), framework='pt') as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    name = 'transformer.h.0.attn.c_v.weight'
+    for label, changed, message in [
+            ('renamed', {('x.' + k if k == name else k): t for k, t in tensors.items()}, 'x.' + name + ' is not a tensor'),
+            ('reshaped', dict(tensors, **{name: tensors[name][:, :-2].contiguous()}), f'{name} has shape (32, 30)'),
+            ('recast', dict(tensors, **{name: tensors[name].double()}), 'torch.float64, the model'),
+            ('dropped', {k: t for k, t in tensors.items() if k != name}, f'{name} is missing')]:
+        save_file(changed, str(weights), metadata=meta)
+        p = python('sample.py', f'--weights={weights}', '--device=cpu', '--num_samples=1', '--max_new_tokens=2')
+        assert message in no_traceback(p) and 'does not hold the weights' in p.stderr, (label, p.stderr[-800:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans, config files, prompt files
+
+@pytest.mark.parametrize('content, message', [
+    (None, 'No such file'), (b'', 'Expecting value'), (b'\xff\xfe[]', "codec can't decode"),
+    (b'{"config": "x"}', 'a dict, not a list of runs'), (b'[]', 'with no runs'),
+    (b'[{"config": "config/quickstart.py", "seed": "1", "out_dir": "a"}]', "seed must be an integer, got '1'"),
+    (b'[{"config": "config/quickstart.py", "seed": 1, "out_dir": "a", "overrides": "--x=1"}]', 'overrides must be a list'),
+    (b'["config/quickstart.py"]', 'entry 1 is not an object'),
+])
+def test_a_bad_plan_file_is_a_message(tmp_path, content, message):
+    path = tmp_path / 'plan.json'
+    if content is not None:
+        path.write_bytes(content)
+    text = message_of(study.load_plan, str(path))
+    assert 'not a plan file' in text and message in text
+
+
+def test_a_launcher_that_cannot_start_is_a_message(tmp_path):
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps([dict(config='config/quickstart.py', seed=1, out_dir='runs/a')]))
+    text = message_of(study.main, ['run', str(plan), '--root', str(tmp_path), '--launcher', 'no-such-torchrun'])
+    assert 'the launcher cannot start (no-such-torchrun: No such file or directory)' in text
+
+
+@pytest.mark.parametrize('content, message', [
+    (None, 'cannot read config file'), (b'\xff\xfe n_layer = 2', 'is not UTF-8 text'),
+    (b'n_layer = = 2', 'line 1: invalid syntax'), (b'n_layer = 2\nn_head = 1 / 0\n', 'line 2: ZeroDivisionError'),
+    ('folder', 'cannot read config file')])
+def test_a_bad_config_file_is_a_message(data_dir, tmp_path, content, message):
+    path = tmp_path / 'c.py'
+    if content == 'folder':
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    p = python('train.py', str(path), f'--out_dir={tmp_path / "run"}')
+    assert message in no_traceback(p) and not (tmp_path / 'run').exists()
+
+
+def test_a_bad_prompt_file_is_a_message(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
+    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
+    for prompt, message in [(tmp_path / 'latin1.txt', 'not UTF-8 text'), (tmp_path, 'cannot read the prompt file'),
+                            (tmp_path / 'none.txt', 'cannot read the prompt file')]:
+        p = python('sample.py', f'--out_dir={out}', f'--start=FILE:{prompt}', '--device=cpu')
+        assert message in no_traceback(p)
+
+
+@pytest.mark.parametrize('device', ['mps', 'xyz', 'cuda:7'])
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(data_dir, tmp_path, device):
+    if device.startswith('cuda') and torch.cuda.device_count() > 7 or device == 'mps' and torch.backends.mps.is_available():
+        pytest.skip('this machine has the device')
+    out = tmp_path / 'run'
+    stderr = no_traceback(run([f'--device={device}'], data_dir, str(out), expect_ok=False))
+    assert f"device='{device}'" in stderr and not out.exists()
+    p = python('sample.py', f'--out_dir={out}', f'--device={device}')
+    assert f"device='{device}'" in no_traceback(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run writes: messages that claim a file say so only when it is there; nothing removed unasked
+
+def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoint_says(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    args = ['--max_iters=400', '--lr_decay_iters=400', '--log_interval=5', '--eval_interval=5',
+            '--always_save_checkpoint=False']
+    proc = start(args, data_dir, out)
+    wait_for_step(proc, out, 5)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 75, stderr[-2000:]
+    stopped = int(stdout.split('stopped by SIGTERM at step ')[1].split(':')[0])
+    assert stopped % 5 == 0 and f'checkpoint written to {out}/ckpt.pt' in stdout       # an eval step
+    assert common.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (stopped, 400)
+    resumed = run([*args, '--init_from=auto', '--max_iters=400'], data_dir, out, expect_ok=False)
+    assert f'resumed at step {stopped}' in resumed.stdout
+
+
+def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+           '--max_iters=4', '--init_from=auto']
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(2_000_000))
+    assert 'could not write the checkpoint' in no_traceback(p)
+    assert common.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (2, 2)
+    assert not study.is_finished(out)                       # the final evaluation is logged after its checkpoint
+    assert 4 not in {r['step'] for r in common.read_log(os.path.join(out, 'log.jsonl')) if 'val_loss' in r}
+    run(['--max_iters=4', '--init_from=auto'], data_dir, out)
+    assert study.is_finished(out)
+
+
+def test_a_log_that_claims_a_checkpoint_its_ckpt_does_not_hold_is_not_finished(data_dir, tmp_path):
+    # (a log written by an older train.py, which logged the final evaluation before its checkpoint)
+    out = tmp_path / 'run'
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+    shutil.copy(out / 'ckpt.pt', tmp_path / 'step2.pt')
+    run(['--max_iters=4', '--init_from=auto'], data_dir, str(out))
+    assert study.is_finished(str(out))
+    shutil.copy(tmp_path / 'step2.pt', out / 'ckpt.pt')
+    assert not study.is_finished(str(out))
+
+
+def test_free_space_is_measured_once_the_partial_checkpoint_is_gone(tmp_path, monkeypatch):
+    # torch.save fails with its file still open, held by the exception's traceback: the free space read
+    # while it is open misses the partial file's blocks (a real full disk said "0 MB free" with 12 MB free)
+    size = 64 * 2 ** 20
+
+    def save_until_full(obj, path):
+        f = open(path, 'wb')
+        f.write(b'\x01' * size)
+        f.flush()
+        raise RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 726')
+    monkeypatch.setattr(torch, 'save', save_until_full)
+    text = message_of(common.save_checkpoint, dict(w=torch.zeros(4)), str(tmp_path / 'ckpt.pt'))
+    said = float(text.split(' MB free')[0].rsplit(' has ', 1)[1].replace(',', ''))
+    free = shutil.disk_usage(tmp_path).free / 1e6
+    assert abs(said - free) < size / 2e6, text            # within 32 MB of the truth, not 64 MB short of it
+    assert '67.1 MB were written' in text and os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_while_logging_is_a_message(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+           '--max_iters=40', '--lr_decay_iters=40', '--eval_interval=40', '--always_save_checkpoint=False']
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(6000))
+    assert 'could not write' in no_traceback(p) and 'log.jsonl' in p.stderr and 'MB free' in p.stderr
+    assert 0 < os.path.getsize(out / 'log.jsonl') <= 6000 and (out / 'config.json').exists()
+
+
+def test_auto_never_removes_a_finished_run_whose_checkpoint_is_gone(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    run(['--max_iters=4'], data_dir, str(out))
+    (out / 'ckpt.pt').unlink()
+    before = {n: (out / n).read_bytes() for n in ('config.json', 'log.jsonl')}
+    for args in (['--init_from=auto'], ['--init_from=scratch']):
+        stderr = no_traceback(run(args, data_dir, str(out), expect_ok=False))
+        assert '--overwrite=True' in stderr and 'ckpt.pt is gone' in stderr
+        assert {n: (out / n).read_bytes() for n in before} == before
+    run(['--init_from=scratch', '--overwrite=True'], data_dir, str(out))   # told to: replaced
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    proc = start(['--max_iters=400', '--lr_decay_iters=400', '--eval_interval=200', '--log_interval=1'], data_dir, out)
+    wait_for_step(proc, out, 3)
+    proc.kill()
+    proc.communicate()
+    assert not os.path.exists(os.path.join(out, 'ckpt.pt')) and max(logged_steps(out)) < 200
+    for args in (['--init_from=resume'], []):   # both point to the way out
+        assert '--init_from=auto' in no_traceback(run(args, data_dir, out, expect_ok=False))
+    run(['--init_from=auto', '--max_iters=4', '--lr_decay_iters=400', '--eval_interval=200'], data_dir, out)
+    assert sorted(logged_steps(out)) == [1, 2, 3, 4]
+
+
+def test_a_resume_never_makes_the_record_say_less(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    run(['--max_iters=4'], data_dir, str(out))
+    before = {n: (out / n).read_bytes() for n in ('config.json', 'log.jsonl', 'ckpt.pt')}
+    for init in ('resume', 'auto'):
+        p = run([f'--init_from={init}', '--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+        assert 'nothing to do, nothing written' in p.stdout
+        assert {n: (out / n).read_bytes() for n in before} == before
+
+
+def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    run(['--max_iters=4'], data_dir, str(out))
+    log = out / 'log.jsonl'
+    whole = log.read_text()
+    rows = whole.split('\n')[:-1]
+    log.write_text('\n'.join(rows[:-1]) + '\n')                 # the final evaluation's row never written
+    assert not study.is_finished(str(out))
+    run(['--init_from=auto', '--max_iters=4'], data_dir, str(out))
+    assert study.is_finished(str(out))
+    assert json.loads(log.read_text().split('\n')[-2])['val_loss'] == json.loads(rows[-1])['val_loss']
+
+
+def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
+    import course
+    handout = tmp_path / 'handout'
+    course.handout(1, str(handout))
+    good = (handout / 'model.py').read_text()
+    cases = {'missing': None, 'empty': b'', 'markers removed': good.replace('### BEGIN YOUR CODE', '# ').encode(),
+             'not UTF-8': good.replace('raise NotImplementedError', 'x = "caf\udce9"; raise NotImplementedError')
+                              .encode('utf-8', 'surrogateescape')}
+    for name, content in cases.items():
+        sub = tmp_path / name.replace(' ', '_')
+        sub.mkdir()
+        if content is not None:
+            (sub / 'model.py').write_bytes(content)
+        tree = tmp_path / f'tree_{sub.name}'
+        problem, _ = course.grading_tree(1, str(sub), str(tree))
+        if name == 'not UTF-8':   # read with a replacement character: graded as the code it is
+            assert problem is None and 'x = "caf\ufffd"' in (tree / 'model.py').read_text()
+        elif name == 'missing':
+            assert problem == 'model.py is missing from the submission'
+        else:
+            assert "regions were found: put the markers back" in problem, (name, problem)
