@@ -305,7 +305,8 @@ def sandbox_command(tree):
             cmd += ['--symlink', os.readlink(path), path]
         elif os.path.isdir(path):
             cmd += ['--ro-bind', path, path]
-    made = set()
+    cmd += ['--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/tmp']   # (first: Python may live under /tmp)
+    made = {'/tmp'}
     for path in python_paths():   # (the folders above them made readable: bubblewrap makes them 0700)
         parents = [p for p in (os.path.dirname(path[:i]) for i in range(len(path) + 1) if path[i:i + 1] in ('/', ''))
                    if p not in ('/', '') and not any(p == x or p.startswith(x + '/') for x in ('/usr', '/lib', '/etc'))]
@@ -313,8 +314,7 @@ def sandbox_command(tree):
             cmd += ['--perms', '0755', '--dir', parent]
             made.add(parent)
         cmd += ['--ro-bind', path, path]
-    cmd += ['--ro-bind', tree, '/grade', '--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/tmp',
-            '--proc', '/proc', '--dev', '/dev',
+    cmd += ['--ro-bind', tree, '/grade', '--proc', '/proc', '--dev', '/dev',
             '--chdir', '/grade', '--clearenv', '--setenv', 'PATH', '/usr/bin:/bin', '--setenv', 'HOME', '/tmp',
             '--setenv', 'OMP_NUM_THREADS', '1', '--setenv', 'PYTHONDONTWRITEBYTECODE', '1']
     if os.geteuid() == 0:

@@ -80,7 +80,12 @@ def killed_before_first_checkpoint(out_dir, saved):
 
 
 def lock_out_dir(out_dir):
-    """Hold out_dir for this process's whole life. Returns None, or a line saying who holds it."""
+    """Hold out_dir for this process's whole life (a process that runs train.main again into the same
+    out_dir, a notebook say, holds it already). Returns None, or a line saying who holds it."""
+    path = os.path.abspath(os.path.join(out_dir, 'run.lock'))
+    if any(os.path.abspath(held.name) == path and os.path.exists(path) and os.path.samefile(held.name, path)
+           for held in HELD_LOCKS):
+        return None
     f, holder = lock_folder(out_dir, 'run.lock')
     if f is not None:
         HELD_LOCKS.append(f)

@@ -82,8 +82,9 @@ def load_model(cfg):
                              "or pass --out_dir=<a run directory>")
         ckpt = load_checkpoint(source)   # onto the CPU first: the model is moved once, below
         saved, weights = ckpt.get('config'), ckpt.get('model')
-        if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
-            raise SystemExit(f"{source} holds no model weights: not a checkpoint of train.py")
+        if not isinstance(saved, dict) or not isinstance(weights, dict) or \
+                not all(isinstance(t, torch.Tensor) for t in weights.values()):
+            raise SystemExit(f"{source} holds no model configuration and weights: not a checkpoint of train.py")
         tensors = {k: (tuple(t.shape), t.dtype) for k, t in weights.items()}
     config = model_config(saved, source)
     with torch.device('meta'):

@@ -332,7 +332,7 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
         text[first + 1:last] = body
         path.write_text('\n'.join(text))
     before = {f: os.path.getmtime(os.path.join(HERE, f)) for f in course.project_files()}
-    rows = dict(course.grade(n, str(root), out_dir=str(out), limit=10, jobs=2))
+    rows = dict(course.grade(n, str(root), out_dir=str(out), limit=6, jobs=2))
     total = sum(c.marks for c in concepts_of(n))
     for name in ATTACKS:
         assert rows[name]['score'] == 0 and rows[name]['total'] == total, (name, rows[name]['feedback'])
@@ -362,10 +362,10 @@ def test_without_a_sandbox_grading_refuses_unless_trusted(handouts, tmp_path, mo
 
 def test_grading_holds_on_a_busy_machine(handouts, tmp_path):
     # the limits are CPU time, not wall time: an honest class graded while every core is busy
-    root = make_class(handouts, tmp_path, 3, {'good': []})
+    root = make_class(handouts, tmp_path, 5, {'good': []})
     burners = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(2 * (os.cpu_count() or 2))]
     try:
-        rows = dict(course.grade(3, str(root), limit=20))
+        rows = dict(course.grade(5, str(root), limit=20))
     finally:
         for b in burners:
             b.kill()

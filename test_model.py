@@ -651,7 +651,8 @@ def test_two_phase_read_stays_float32_under_autocast_and_records_with_the_plain_
     import two_phase_read
     sources, q = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
     with RecordOps() as ops:   # no matmul in either phase (TF32 would round it on GPUs)
-        state = two_phase_read.phase1(sources, torch.zeros(3, dtype=torch.float64), q)
+        x, inv_rms = torch.stack([x for x, _ in sources]), torch.stack([r[..., 0] for _, r in sources])
+        state = two_phase_read.phase1(x, inv_rms, torch.zeros(3, dtype=torch.float64), q)
         two_phase_read.phase2(state, q, sources[0])
     assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot',
                               'inner', 'dot', 'baddbmm'} & set(ops.names)

@@ -24,6 +24,9 @@ from test_preempt import logged_steps, start, wait_for_step
 from test_prepare import DOCS, write_jsonl
 from test_train import HERE, TINY, run
 
+import sample
+import train
+
 
 def message_of(fn, *args):
     """The message of the SystemExit that fn(*args) must raise (any other exception fails the test)."""
@@ -35,6 +38,29 @@ def message_of(fn, *args):
 def no_traceback(p):
     assert p.returncode != 0 and 'Traceback' not in p.stderr, p.stderr[-2000:]
     return p.stderr
+
+
+def train_here(data_dir, out_dir, *args):
+    """train.py in this process (its errors are SystemExit with the message a user sees; any other
+    exception fails the test): for runs that stop before they train, or train a few tiny steps."""
+    return train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False', *args])
+
+
+@pytest.fixture(scope='module')
+def runs(data_dir, tmp_path_factory):
+    """A run stopped at step 2 of a 4-step schedule, a finished 4-step run, and its weights exported:
+    tests take copies."""
+    root = tmp_path_factory.mktemp('runs')
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(root / 'half'))
+    run(['--max_iters=4'], data_dir, str(root / 'finished'))
+    assert python('sample.py', f'--out_dir={root / "finished"}', f'--export={root / "w.safetensors"}').returncode == 0
+    return root
+
+
+def copy_run(runs, name, tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(runs / name, out, ignore=shutil.ignore_patterns('run.lock'))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,34 +183,32 @@ def test_train_refuses_a_run_whose_config_cannot_be_read(data_dir, tmp_path, con
     out.mkdir()
     (out / 'config.json').write_bytes(content)
     (out / 'log.jsonl').write_text('{"step": 0, "val_loss": 1.0}\n')
-    stderr = no_traceback(run(['--init_from=auto'], data_dir, str(out), expect_ok=False))
-    assert 'without a readable config.json' in stderr or 'another configuration' in stderr
+    text = message_of(train_here, data_dir, out, '--init_from=auto')
+    assert 'without a readable config.json' in text or 'another configuration' in text
     assert (out / 'config.json').read_bytes() == content                # nothing removed
 
 
 @pytest.mark.parametrize('content', list(BAD_LOGS.values())[1:], ids=list(BAD_LOGS)[1:])
-def test_a_resume_with_a_bad_log_is_a_message(data_dir, tmp_path, content):
-    out = tmp_path / 'run'
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+def test_a_resume_with_a_bad_log_is_a_message(data_dir, tmp_path, runs, content):
+    out = copy_run(runs, 'half', tmp_path)
     (out / 'log.jsonl').write_bytes(content)
-    stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
-    assert 'log.jsonl, line ' in stderr and 'fix or remove that line' in stderr
+    text = message_of(train_here, data_dir, out, '--max_iters=4', '--init_from=auto')
+    assert 'log.jsonl, line ' in text and 'fix or remove that line' in text
     assert (out / 'log.jsonl').read_bytes() == content
 
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints (train.py resume, sample.py, study.is_finished) and .safetensors weights (sample.py)
 
-def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
+def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path, runs):
+    out = copy_run(runs, 'half', tmp_path)
     ckpt = out / 'ckpt.pt'
     good = ckpt.read_bytes()
     cases = {'empty': b'', 'truncated': good[:len(good) // 2], 'text': b'not a checkpoint\n' * 100}
     for name, content in cases.items():
         ckpt.write_bytes(content)
-        stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
-        assert 'cannot be read' in stderr and 'left as it is' in stderr, name
+        text = message_of(train_here, data_dir, out, '--max_iters=4', '--init_from=auto')
+        assert 'cannot be read' in text and 'left as it is' in text, name
         assert not study.is_finished(str(out))
     for name, obj in {'a list': [1, 2], 'no config': dict(model={}, step=2),
                       'a model of numbers': dict(model={'w': 1}, optimizer={}, scaler={}, step=2, best_val_loss=1.0,
@@ -193,8 +217,9 @@ def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path):
             common.save_checkpoint(obj, str(ckpt))   # (with a valid checksum: only the content is wrong)
         else:
             torch.save(obj, str(ckpt))
-        stderr = no_traceback(run(['--max_iters=4', '--init_from=auto'], data_dir, str(out), expect_ok=False))
-        assert 'not a checkpoint of train.py' in stderr, (name, stderr[-500:])
+        text = message_of(train_here, data_dir, out, '--max_iters=4', '--init_from=auto')
+        assert 'not a checkpoint of train.py' in text, name
+        assert 'not a checkpoint of train.py' in message_of(sample.main, [f'--out_dir={out}', '--device=cpu'])
 
 
 @pytest.mark.parametrize('edit, message', [
@@ -206,28 +231,21 @@ def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path):
     (dict(residual='mystery'), "unknown residual='mystery'"),
     (dict(n_layer=None), 'n_layer=None is not an integer'),
 ])
-def test_weights_whose_header_does_not_match_their_tensors_are_refused(data_dir, tmp_path, edit, message):
+def test_weights_whose_header_does_not_match_their_tensors_are_refused(runs, tmp_path, edit, message):
     from safetensors import safe_open
     from safetensors.torch import save_file
-    out = tmp_path / 'run'
-    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
     weights = tmp_path / 'w.safetensors'
-    assert python('sample.py', f'--out_dir={out}', f'--export={weights}').returncode == 0
-    with safe_open(str(weights), framework='pt') as f:
+    with safe_open(str(runs / 'w.safetensors'), framework='pt') as f:
         header, tensors = json.loads(f.metadata()['config']), {k: f.get_tensor(k) for k in f.keys()}
     save_file(tensors, str(weights), metadata={'config': json.dumps(dict(header, **edit)), 'format': 'pt'})
-    p = python('sample.py', f'--weights={weights}', '--device=cpu', '--num_samples=1', '--max_new_tokens=2')
-    assert message in no_traceback(p)
+    assert message in message_of(sample.main, [f'--weights={weights}', '--device=cpu', '--num_samples=1'])
 
 
-def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(data_dir, tmp_path):
+def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(runs, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
-    out = tmp_path / 'run'
-    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
     weights = tmp_path / 'w.safetensors'
-    assert python('sample.py', f'--out_dir={out}', f'--export={weights}').returncode == 0
-    with safe_open(str(weights), framework='pt') as f:
+    with safe_open(str(runs / 'w.safetensors'), framework='pt') as f:
         meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     name = 'transformer.h.0.attn.c_v.weight'
     for label, changed, message in [
@@ -236,8 +254,10 @@ def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(data_dir, 
             ('recast', dict(tensors, **{name: tensors[name].double()}), 'torch.float64, the model'),
             ('dropped', {k: t for k, t in tensors.items() if k != name}, f'{name} is missing')]:
         save_file(changed, str(weights), metadata=meta)
-        p = python('sample.py', f'--weights={weights}', '--device=cpu', '--num_samples=1', '--max_new_tokens=2')
-        assert message in no_traceback(p) and 'does not hold the weights' in p.stderr, (label, p.stderr[-800:])
+        text = message_of(sample.main, [f'--weights={weights}', '--device=cpu', '--num_samples=1'])
+        assert message in text and 'does not hold the weights' in text, label
+    # and as a program: the message, no traceback
+    assert 'does not hold the weights' in no_traceback(python('sample.py', f'--weights={weights}', '--device=cpu'))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,18 +295,16 @@ def test_a_bad_config_file_is_a_message(data_dir, tmp_path, content, message):
         path.mkdir()
     elif content is not None:
         path.write_bytes(content)
-    p = python('train.py', str(path), f'--out_dir={tmp_path / "run"}')
-    assert message in no_traceback(p) and not (tmp_path / 'run').exists()
+    assert message in message_of(train.main, [str(path), f'--out_dir={tmp_path / "run"}'])
+    assert not (tmp_path / 'run').exists()
 
 
-def test_a_bad_prompt_file_is_a_message(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    run(['--max_iters=1', '--eval_interval=1'], data_dir, str(out))
+def test_a_bad_prompt_file_is_a_message(runs, tmp_path):
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
     for prompt, message in [(tmp_path / 'latin1.txt', 'not UTF-8 text'), (tmp_path, 'cannot read the prompt file'),
                             (tmp_path / 'none.txt', 'cannot read the prompt file')]:
-        p = python('sample.py', f'--out_dir={out}', f'--start=FILE:{prompt}', '--device=cpu')
-        assert message in no_traceback(p)
+        text = message_of(sample.main, [f'--out_dir={runs / "finished"}', f'--start=FILE:{prompt}', '--device=cpu'])
+        assert message in text
 
 
 @pytest.mark.parametrize('device', ['mps', 'xyz', 'cuda:7'])
@@ -294,10 +312,8 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(data_
     if device.startswith('cuda') and torch.cuda.device_count() > 7 or device == 'mps' and torch.backends.mps.is_available():
         pytest.skip('this machine has the device')
     out = tmp_path / 'run'
-    stderr = no_traceback(run([f'--device={device}'], data_dir, str(out), expect_ok=False))
-    assert f"device='{device}'" in stderr and not out.exists()
-    p = python('sample.py', f'--out_dir={out}', f'--device={device}')
-    assert f"device='{device}'" in no_traceback(p)
+    assert f"device='{device}'" in message_of(train_here, data_dir, out, f'--device={device}') and not out.exists()
+    assert f"device='{device}'" in message_of(sample.main, [f'--out_dir={out}', f'--device={device}'])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +331,7 @@ def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoi
     stopped = int(stdout.split('stopped by SIGTERM at step ')[1].split(':')[0])
     assert stopped % 5 == 0 and f'checkpoint written to {out}/ckpt.pt' in stdout       # an eval step
     assert common.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (stopped, 400)
-    resumed = run([*args, '--init_from=auto', '--max_iters=400'], data_dir, out, expect_ok=False)
+    resumed = run([*args, '--init_from=auto', f'--max_iters={stopped + 5}'], data_dir, out)
     assert f'resumed at step {stopped}' in resumed.stdout
 
 
@@ -333,14 +349,11 @@ def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir,
     assert study.is_finished(out)
 
 
-def test_a_log_that_claims_a_checkpoint_its_ckpt_does_not_hold_is_not_finished(data_dir, tmp_path):
+def test_a_log_that_claims_a_checkpoint_its_ckpt_does_not_hold_is_not_finished(runs, tmp_path):
     # (a log written by an older train.py, which logged the final evaluation before its checkpoint)
-    out = tmp_path / 'run'
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
-    shutil.copy(out / 'ckpt.pt', tmp_path / 'step2.pt')
-    run(['--max_iters=4', '--init_from=auto'], data_dir, str(out))
+    out = copy_run(runs, 'finished', tmp_path)
     assert study.is_finished(str(out))
-    shutil.copy(tmp_path / 'step2.pt', out / 'ckpt.pt')
+    shutil.copy(runs / 'half' / 'ckpt.pt', out / 'ckpt.pt')
     assert not study.is_finished(str(out))
 
 
@@ -371,16 +384,15 @@ def test_a_full_disk_while_logging_is_a_message(data_dir, tmp_path):
     assert 0 < os.path.getsize(out / 'log.jsonl') <= 6000 and (out / 'config.json').exists()
 
 
-def test_auto_never_removes_a_finished_run_whose_checkpoint_is_gone(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    run(['--max_iters=4'], data_dir, str(out))
+def test_auto_never_removes_a_finished_run_whose_checkpoint_is_gone(data_dir, runs, tmp_path):
+    out = copy_run(runs, 'finished', tmp_path)
     (out / 'ckpt.pt').unlink()
     before = {n: (out / n).read_bytes() for n in ('config.json', 'log.jsonl')}
-    for args in (['--init_from=auto'], ['--init_from=scratch']):
-        stderr = no_traceback(run(args, data_dir, str(out), expect_ok=False))
-        assert '--overwrite=True' in stderr and 'ckpt.pt is gone' in stderr
+    for init in ('auto', 'scratch'):
+        text = message_of(train_here, data_dir, out, f'--init_from={init}')
+        assert '--overwrite=True' in text and 'ckpt.pt is gone' in text
         assert {n: (out / n).read_bytes() for n in before} == before
-    run(['--init_from=scratch', '--overwrite=True'], data_dir, str(out))   # told to: replaced
+    assert train_here(data_dir, out, '--init_from=scratch', '--overwrite=True') == 0   # told to: replaced
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again(data_dir, tmp_path):
@@ -396,25 +408,22 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(data_dir, tmp_pat
     assert sorted(logged_steps(out)) == [1, 2, 3, 4]
 
 
-def test_a_resume_never_makes_the_record_say_less(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    run(['--max_iters=4'], data_dir, str(out))
+def test_a_resume_never_makes_the_record_say_less(data_dir, runs, tmp_path, capsys):
+    out = copy_run(runs, 'finished', tmp_path)
     before = {n: (out / n).read_bytes() for n in ('config.json', 'log.jsonl', 'ckpt.pt')}
     for init in ('resume', 'auto'):
-        p = run([f'--init_from={init}', '--max_iters=2', '--lr_decay_iters=4'], data_dir, str(out))
-        assert 'nothing to do, nothing written' in p.stdout
+        assert train_here(data_dir, out, f'--init_from={init}', '--max_iters=2', '--lr_decay_iters=4') == 0
+        assert 'nothing to do, nothing written' in capsys.readouterr().out
         assert {n: (out / n).read_bytes() for n in before} == before
 
 
-def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    run(['--max_iters=4'], data_dir, str(out))
+def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, runs, tmp_path):
+    out = copy_run(runs, 'finished', tmp_path)
     log = out / 'log.jsonl'
-    whole = log.read_text()
-    rows = whole.split('\n')[:-1]
+    rows = log.read_text().split('\n')[:-1]
     log.write_text('\n'.join(rows[:-1]) + '\n')                 # the final evaluation's row never written
     assert not study.is_finished(str(out))
-    run(['--init_from=auto', '--max_iters=4'], data_dir, str(out))
+    assert train_here(data_dir, out, '--init_from=auto', '--max_iters=4') == 0
     assert study.is_finished(str(out))
     assert json.loads(log.read_text().split('\n')[-2])['val_loss'] == json.loads(rows[-1])['val_loss']
 

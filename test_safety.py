@@ -234,7 +234,7 @@ def test_sample_says_when_the_prompt_is_cut_and_config_warns_about_a_single_bloc
     assert 'longer than the context of 32: only its last 32 tokens are used' in p.stdout
     assert 'routes: qk = ' in p.stdout and 'v = the input of values' in p.stdout   # the legend
     from model import GPTConfig
-    with pytest.warns(UserWarning, match='only the embedding and the partial'):
+    with pytest.warns(UserWarning, match='every read sees the embedding and the partial only'):
         GPTConfig(n_layer=2, residual='attnres', attnres_block_size=5)
     with warnings.catch_warnings():
         warnings.simplefilter('error')

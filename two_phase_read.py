@@ -14,10 +14,11 @@ sublayers (every route) over the *finished* sources can be computed at once:
         h[r] = (u[r] exp(m - m') + exp(z_p - m') p) / (d[r] exp(m - m') + exp(z_p - m'))
         (at the sublayer that opens the block there is no partial: h[r] = u[r] / d[r])
 
-Phase 1 always runs over the same number of sources: the finished ones padded with zeros up to the most a
-read ever has (1 + the number of blocks), the padding masked out of the softmax. So every block's phase 1
-has one shape and every merge another, whatever the depth: under torch.compile the kernels are the same
-for every block, and their number no longer grows with depth. The arithmetic is the plain read's: float32
+Phase 1 always runs over the same number of sources: the finished ones kept in one tensor, padded up to
+the most a read ever has (1 + the number of blocks), the padding masked out of the softmax; a closed block
+is pushed in at the back and the oldest padding slot dropped. So every block's phase 1 has one shape and
+is made of the same operations, and so is every merge, whatever the depth: under torch.compile the kernels
+are the same for every block. The arithmetic is the plain read's: float32
 (float64 stays float64) with autocast off, logits as elementwise products and sums (no matmul). The
 routing diagnostics use the plain read (GPT.forward records with it).
 """
@@ -34,12 +35,10 @@ def queries_of(read):
     return torch.stack([getattr(read, name) for name in read.routes.values()]) * read.key_gain
 
 
-def phase1(padded, bias, q):
-    """The online-softmax state (m, d, u) of the routes q (R, d) over the padded finished sources, stacked
-    into one tensor so that the pass is a few ops of one shape: padded: list of (x, 1/rms(x)) pairs;
-    bias: (len(padded),) 0 for a source, -inf for padding. m, d: (R, B, T, 1); u: (R, B, T, d)."""
-    x = torch.stack([x for x, _ in padded])                          # (N, B, T, d)
-    inv_rms = torch.stack([r for _, r in padded])[..., 0]            # (N, B, T)
+def phase1(x, inv_rms, bias, q):
+    """The online-softmax state (m, d, u) of the routes q (R, d) over the finished sources, kept as one
+    tensor x (N, B, T, d) with their 1/rms (N, B, T) and bias (N,): 0 for a source, -inf for padding.
+    m, d: (R, B, T, 1); u: (R, B, T, d)."""
     z = (x[None] * q[:, None, None, None, :]).sum(-1) * inv_rms[None] + bias[None, :, None, None]   # (R, N, B, T)
     m = z.amax(1, keepdim=True)
     e = (z - m).exp()
@@ -59,13 +58,22 @@ def phase2(state, q, partial):
     return (u * c + e * x[None]) / (d * c + e)
 
 
+def push(stack, new):
+    """The stack of finished sources with `new` appended and the oldest slot (padding) dropped: the same
+    shape and the same operations at every block, so that every block's phase 1 is the same kernel."""
+    return torch.cat([stack[1:], new[None]])
+
+
 def forward_two_phase(model, embedding):
     """model.forward_depth_routed(embedding), computed block by block in two phases."""
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
     n_max = 1 + math.ceil(L / S)                                     # the final read's sources: the most of any
-    finished = [source(embedding)]
-    dtype, device = finished[0][0].dtype, embedding.device
-    pad = source(torch.zeros_like(finished[0][0]))
+    x0, r0 = source(embedding)
+    dtype, device = x0.dtype, embedding.device
+    # the finished sources, padded at the front: slots fill from the back, one per closed block
+    x = push(torch.zeros(n_max, *x0.shape, dtype=dtype, device=device), x0)
+    inv_rms = push(torch.ones(n_max, *x0.shape[:-1], dtype=dtype, device=device), r0[..., 0])
+    bias = push(torch.full((n_max,), -math.inf, dtype=dtype, device=device), torch.zeros((), dtype=dtype, device=device))
     blocks, cos, sin = list(model.transformer.h), model.rope_cos, model.rope_sin
     no_autocast = torch.autocast(device_type=device.type, enabled=False)   # the reads are float32, as in depth_read
     for first in range(0, L, S):
@@ -73,10 +81,8 @@ def forward_two_phase(model, embedding):
         reads = [blocks[l // 2].attn_read if l % 2 == 0 else blocks[l // 2].mlp_read for l in sublayers]
         with no_autocast:
             q = [queries_of(r).to(dtype) for r in reads]
-            rows = [sum(len(x) for x in q[:i]) for i in range(len(q) + 1)]
-            bias = torch.tensor([0.0] * len(finished) + [-math.inf] * (n_max - len(finished)), dtype=dtype,
-                                device=device)
-            m, d, u = phase1(finished + [pad] * (n_max - len(finished)), bias, torch.cat(q))
+            rows = [sum(len(w) for w in q[:i]) for i in range(len(q) + 1)]
+            m, d, u = phase1(x, inv_rms, bias, torch.cat(q))
         partial = None
         for i, l in enumerate(sublayers):
             with no_autocast:
@@ -84,8 +90,9 @@ def forward_two_phase(model, embedding):
             block = blocks[l // 2]
             out = block.attention(None, cos, sin, h=h) if l % 2 == 0 else block.mlp(block.mlp_input(None, h=h))
             partial = source(out if partial is None else partial[0] + fp32(out))
-        finished.append(partial)
+        x, inv_rms = push(x, partial[0]), push(inv_rms, partial[1][..., 0])
+        bias = push(bias, torch.zeros((), dtype=dtype, device=device))
     with no_autocast:
         q = queries_of(model.final_read).to(dtype)
-        h = phase2(phase1(finished, torch.zeros(n_max, dtype=dtype, device=device), q), q, None)
+        h = phase2(phase1(x, inv_rms, bias, q), q, None)
     return h[0]
