@@ -286,18 +286,23 @@ def save_checkpoint(obj, path):
                      "--init_from=auto.")
 
 
+def load_tensors_only(path, mmap=False):
+    """torch.load of tensors and plain values only (weights_only=True), onto the CPU. Older checkpoints kept
+    numpy's RNG state as a uint32 array: its reconstruction is allowed, nothing else."""
+    import torch
+    legacy = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(legacy):
+        return torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
+
+
 def load_checkpoint(path):
     """Load a checkpoint onto the CPU (the caller moves what it needs) and verify its checksum.
     Only tensors and plain values are loaded (weights_only=True): a file that holds other Python
     objects, which unpickling could run as code, is refused before anything in it runs. A damaged
     file is an error that leaves the file as it is."""
     import pickle
-    import torch
-    # older checkpoints kept numpy's RNG state as a uint32 array: its reconstruction is allowed, nothing else
-    legacy = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     try:
-        with torch.serialization.safe_globals(legacy):
-            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = load_tensors_only(path)
     except pickle.UnpicklingError as e:
         what = next((line.strip() for line in str(e).splitlines() if 'global' in line.lower()), None)
         if what is None:   # not a pickle at all (text, random bytes): damaged, not dangerous
@@ -325,11 +330,8 @@ def load_checkpoint(path):
 def checkpoint_progress(path):
     """(step, max_iters) that a checkpoint was written at and for, or None if there is no readable one. Reads
     only the small pickled part: the tensors are memory-mapped, not loaded (a 343M run's checkpoint is 4 GB)."""
-    import torch
-    legacy = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
     try:
-        with torch.serialization.safe_globals(legacy):
-            ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+        ckpt = load_tensors_only(path, mmap=True)
         return int(ckpt['step']), int(ckpt['config']['max_iters'])
     except Exception:   # missing, damaged, not a checkpoint: not a finished run's checkpoint
         return None
@@ -369,6 +371,11 @@ def check_tensors(model, tensors, source):
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ''
         raise SystemExit(f"{source} does not hold the weights of the model its configuration describes: "
                          f"{'; '.join(problems[:3])}{more}. The file is damaged or its configuration was edited.")
+
+
+def has_eval(rows, step):
+    """Whether log rows hold the validation loss of training at `step` (an eval_only row is not one)."""
+    return any(r.get('step') == step and 'val_loss' in r and not r.get('eval_only') for r in rows)
 
 
 def read_log(path):

@@ -184,13 +184,13 @@ def grading_tree(n, submission, tree):
     """The files a grading run needs (GRADING_FILES), readable by everyone, in `tree`, with, in each file of
     assignment n, the student's lines between the markers in place of the solution. Returns (None or why it
     cannot be built (a missing file, markers removed or changed), {(file, line in the tree): line in theirs})."""
-    lines_of = {}
+    lines_of, graded = {}, files_of(n)
     os.makedirs(tree, exist_ok=True)
     os.chmod(tree, 0o755)
     for f in GRADING_FILES:
         with open(os.path.join(HERE, f)) as fin:
             mine = fin.read().split('\n')
-        if f in files_of(n):
+        if f in graded:
             theirs = os.path.join(submission, f)
             if not os.path.isfile(theirs):
                 return f"{f} is missing from the submission", {}
@@ -232,7 +232,7 @@ def grade_one(n, submission, limit=None, trusted=False):
     limit = limit or 60.0
     concepts = course_grader.concepts(n)
     total = sum(c.marks for c in concepts)
-    marks, by_concept, errors, timed_out, seconds = {}, {}, [], False, 0.0
+    marks, by_concept, timed_out, seconds = {}, {}, False, 0.0
     with tempfile.TemporaryDirectory() as work:
         tree = os.path.join(work, 'tree')
         problem, lines_of = grading_tree(n, submission, tree)
@@ -244,7 +244,6 @@ def grade_one(n, submission, limit=None, trusted=False):
             lines = [re.sub(r'\(([^()]*\.py, line \d+: .*)\)$', lambda m: f"({their_line(m.group(1), lines_of)})", x)
                      for x in lines]
             timed_out, seconds = timed_out or late, seconds + took
-            errors += [x for x in lines if 'Error' in x.split(':', 2)[-1][:40]]
             marks[c.name] = c.marks if passed else 0
             by_concept[c.name] = [f"  {'PASS' if passed else 'FAIL'} {marks[c.name]}/{c.marks}  {c.name}"]
             by_concept[c.name] += [f"         {x}" for x in lines]

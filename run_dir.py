@@ -18,8 +18,8 @@ import secrets
 import subprocess
 import sys
 
-from common import (FROZEN_ON_RESUME, atomic_write_text, check_tensors, load_checkpoint, lock_folder, read_log,
-                    save_checkpoint, schedule_length, set_rng_states)
+from common import (FROZEN_ON_RESUME, atomic_write_text, check_tensors, has_eval, load_checkpoint, lock_folder,
+                    read_log, save_checkpoint, schedule_length, set_rng_states)
 
 RUN_FILES = ('ckpt.pt', 'log.jsonl', 'config.json')
 CHECKPOINT_KEYS = ('model', 'optimizer', 'scaler', 'step', 'best_val_loss', 'config', 'rng')
@@ -201,7 +201,7 @@ def logged_eval(cfg, step):
         rows = read_log(os.path.join(cfg['out_dir'], 'log.jsonl'))
     except FileNotFoundError:
         return False
-    return any(r.get('step') == step and 'val_loss' in r and not r.get('eval_only') for r in rows)
+    return has_eval(rows, step)
 
 
 def git_commit():

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from common import atomic_write_text, checkpoint_progress, read_log
+from common import atomic_write_text, checkpoint_progress, has_eval, read_log
 from configurator import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -153,7 +153,7 @@ def is_finished(path):
         with open(os.path.join(path, 'config.json')) as f:
             max_iters = json.load(f)['max_iters']
         rows = read_log(os.path.join(path, 'log.jsonl'))
-        logged = any(r.get('step') == max_iters and 'val_loss' in r and not r.get('eval_only') for r in rows)
+        logged = has_eval(rows, max_iters)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SystemExit):
         return False
     ckpt = os.path.join(path, 'ckpt.pt')
