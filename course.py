@@ -236,11 +236,9 @@ def grade_one(n, submission, limit=None, trusted=False):
     with tempfile.TemporaryDirectory() as work:
         tree = os.path.join(work, 'tree')
         problem, lines_of = grading_tree(n, submission, tree)
-        for c in concepts:
-            if problem:
-                passed, lines, late, took = False, [], False, 0.0
-            else:
-                passed, lines, late, took = course_grader.evaluate_concept(c, tree, limit, trusted)
+        results = ([(False, [], False, 0.0)] * len(concepts) if problem else
+                   course_grader.evaluate_concepts(concepts, tree, limit, trusted))
+        for c, (passed, lines, late, took) in zip(concepts, results):
             lines = [re.sub(r'\(([^()]*\.py, line \d+: .*)\)$', lambda m: f"({their_line(m.group(1), lines_of)})", x)
                      for x in lines]
             timed_out, seconds = timed_out or late, seconds + took

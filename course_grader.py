@@ -361,38 +361,61 @@ def run_worker(tree, request, cpu_seconds, trusted):
     return answers, stderr_text, timed_out, time.time() - t0
 
 
-def evaluate_concept(concept, tree, cpu_seconds, trusted):
-    """(passed, [feedback lines], timed out, seconds): the concept's probes, run by the student's code in
-    the sandbox and by the instructor's code here, compared."""
-    import torch
-    tensors, meta = {}, {'probes': []}
-    for i, (_, probe, args, inputs, _, _) in enumerate(concept.probes):
+def evaluate_concepts(concepts, tree, cpu_seconds, trusted):
+    """[(passed, [feedback lines], timed out, seconds)] for each concept: its probes, run by the student's
+    code in the sandbox and by the instructor's code here, compared. The concepts share one sandbox (one
+    start of Python and torch), each with cpu_seconds of its own; a concept that ends the run (a loop, a
+    crash, memory) fails alone, and the concepts after it run again in a new sandbox."""
+    out = []
+    while len(out) < len(concepts):
+        rest = concepts[len(out):]
+        output, stderr, timed_out, seconds = run_worker(tree, request_of(rest, cpu_seconds),
+                                                        cpu_seconds * len(rest), trusted)
+        answered = course_worker.read_answers(output)[:len(rest)]
+        share = seconds / (len(answered) + (len(answered) < len(rest)))
+        firsts = [sum(len(c.probes) for c in rest[:j]) for j in range(len(rest))]   # in this request
+        for c, got, first in zip(rest, answered, firsts):
+            out.append((*judge(c, got, first), False, share))
+        if len(answered) < len(rest):   # the next concept ended the run
+            what = (f"did not finish within {cpu_seconds:.0f} s of CPU time" if timed_out else
+                    "ended without answering" + (f": {last_line(stderr)}" if last_line(stderr) else ''))
+            out.append((False, [f"the code {what}"], timed_out, share))
+    return out
+
+
+def request_of(concepts, cpu_seconds):
+    """The worker's request: every probe of the concepts, in order, its tensors keyed '<probe index>/<name>'
+    (counted from 0 in this request), the number of probes of each concept and its CPU seconds."""
+    tensors, meta = {}, {'probes': [], 'concepts': [len(c.probes) for c in concepts], 'cpu_seconds': cpu_seconds}
+    for i, (_, probe, args, inputs, _, _) in enumerate(p for c in concepts for p in c.probes):
         meta['probes'].append(dict(probe=probe, args=args))
         tensors.update({f'{i}/{k}': v for k, v in inputs.items()})
-    answers, stderr, timed_out, seconds = run_worker(tree, course_worker.pack(tensors, meta), cpu_seconds, trusted)
-    try:
-        got_tensors, got_meta = course_worker.unpack(answers)
-        results = got_meta['results']
-        assert isinstance(results, list) and len(results) == len(concept.probes)
-    except Exception:
-        what = (f"did not finish within {cpu_seconds:.0f} s of CPU time" if timed_out else
-                "ended without answering" + (f": {last_line(stderr)}" if last_line(stderr) else ''))
-        return False, [f"the code {what}"], timed_out, seconds
+    return course_worker.pack(tensors, meta)
+
+
+def judge(concept, got, first):
+    """(passed, [feedback lines]) of a concept from its answers (tensors, meta): meta['results'] has one
+    result per probe, and probe i's tensors are keyed by its index in the request, first + i."""
+    import torch
+    got_tensors, got_meta = got
+    results = got_meta.get('results') if isinstance(got_meta, dict) else None
+    if not isinstance(results, list) or len(results) != len(concept.probes):
+        return False, ["the code's answers could not be read"]
     for i, (description, probe, args, inputs, compare, reference) in enumerate(concept.probes):
         result = results[i]
         if not isinstance(result, dict) or not result.get('ok'):
             error = str(result.get('error', '?'))[:300] if isinstance(result, dict) else '?'
             where = f" ({str(result.get('where'))[:200]})" if isinstance(result, dict) and result.get('where') else ''
-            return False, [f"{description}: {error}{where}"], False, seconds
-        got = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(i)},
-               result.get('values') if isinstance(result.get('values'), dict) else {})
+            return False, [f"{description}: {error}{where}"]
+        mine = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(first + i)},
+                result.get('values') if isinstance(result.get('values'), dict) else {})
         ref_args, ref_inputs = reference or (args, inputs)
         with torch.random.fork_rng():   # (the instructor's code needs no environment: a process's env is shared)
             ref = course_worker.run_probe(probe, {k: v for k, v in ref_args.items() if k != 'env'}, ref_inputs)
-        problem = compare(got, ref)
+        problem = compare(mine, ref)
         if problem:
-            return False, [f"{description}: {problem}"], False, seconds
-    return True, [], False, seconds
+            return False, [f"{description}: {problem}"]
+    return True, []
 
 
 def last_line(text):

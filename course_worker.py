@@ -1,18 +1,24 @@
 """
 The course kit's probes: what the grader asks of a student's code (COURSE.md, "How grading works").
 
-    python course_worker.py < request.safetensors > answers.safetensors
+    python course_worker.py < request.safetensors > answers
 
 A probe calls one of the functions an assignment asks for on inputs it is given and returns what it
 computed. The grader (course_grader.py, which never runs student code) sends a request, this worker runs
 each probe on the project it sits in, inside a sandbox, and writes the answers; the grader runs the same
 probes on the instructor's project and compares. Requests and answers are safetensors (tensors and a
 JSON header: nothing in them can run code), never pickle.
+
+A request holds the probes of one or more concepts. The answers of each concept are written as soon as
+its probes are done (8 bytes of length, then a safetensors blob), and each concept gets its own CPU time
+(a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
+concepts answered, and the grader runs the later ones again.
 """
 
 import contextlib
 import json
 import os
+import resource
 import struct
 import sys
 import traceback
@@ -134,7 +140,8 @@ def run_probe(name, args, tensors):
 
 
 # -----------------------------------------------------------------------------
-# The wire format: safetensors with a JSON header (tensors keyed "<probe index>/<name>")
+# The wire format: safetensors with a JSON header (tensors keyed "<probe index>/<name>"); answers
+# length-prefixed, one blob per concept
 
 def pack(tensors, meta):
     from safetensors.torch import save
@@ -150,6 +157,19 @@ def unpack(data):
     header = json.loads(data[8:8 + size])
     return load(data), json.loads(header.get('__metadata__', {}).get('json', 'null'))
 
+
+def read_answers(data):
+    """The concepts' answers in a worker's output: a list of (tensors, meta), one per concept answered, in
+    order; whatever follows the last whole one (a cut or a bad blob) is dropped."""
+    out, at = [], 0
+    while at + 8 <= len(data):
+        (size,) = struct.unpack('<Q', data[at:at + 8])
+        try:
+            out.append(unpack(data[at + 8:at + 8 + size]))
+        except Exception:
+            break
+        at += 8 + size
+    return out
 
 def where_in_student_code(e):
     """'model.py, line 12: <the line>' of the innermost frame of an answer file, or ''."""
@@ -173,18 +193,27 @@ def main():
     answers_out = os.fdopen(os.dup(1), 'wb')
     os.dup2(2, 1)   # what the code under test prints goes to stderr, not into the answers
     tensors, meta = unpack(request)
-    out_tensors, results = {}, []
-    for i, probe in enumerate(meta['probes']):
-        mine = {k.split('/', 1)[1]: v for k, v in tensors.items() if k.split('/', 1)[0] == str(i)}
-        try:
-            got, values = run_probe(probe['probe'], probe['args'], mine)
-            out_tensors.update({f'{i}/{k}': v for k, v in got.items()})
-            results.append(dict(ok=True, values=values))
-        except BaseException as e:   # noqa: B902 (SystemExit, KeyboardInterrupt from the code under test too)
-            error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:160]}"
-            results.append(dict(ok=False, error=error, where=where_in_student_code(e)[:160]))
-    answers_out.write(pack(out_tensors, {'results': results}))
-    answers_out.flush()
+    first = 0
+    for count in meta['concepts']:   # the number of probes of each concept, in order
+        used = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ('ru_utime', 'ru_stime'))
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        soft = int(used + meta['cpu_seconds']) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+        out_tensors, results = {}, []
+        for i in range(first, first + count):
+            probe = meta['probes'][i]
+            mine = {k.split('/', 1)[1]: v for k, v in tensors.items() if k.split('/', 1)[0] == str(i)}
+            try:
+                got, values = run_probe(probe['probe'], probe['args'], mine)
+                out_tensors.update({f'{i}/{k}': v for k, v in got.items()})
+                results.append(dict(ok=True, values=values))
+            except BaseException as e:   # noqa: B902 (SystemExit, KeyboardInterrupt from the code under test too)
+                error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:160]}"
+                results.append(dict(ok=False, error=error, where=where_in_student_code(e)[:160]))
+        blob = pack(out_tensors, {'results': results})
+        answers_out.write(struct.pack('<Q', len(blob)) + blob)
+        answers_out.flush()
+        first += count
 
 
 if __name__ == '__main__':

@@ -321,6 +321,11 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
     classroom = tmp_path / f'class{n}'
     students = {name: None for name in ATTACKS}
     students.update({'good': [], 'zz_victim': []})
+    # right code that ends its process, or loops, with one pair: one sandbox run for all concepts gets no
+    # answer, and each concept runs again alone, so only the one-pair concept is lost
+    one_pair = '    mean = sum(deltas) / n\n'
+    students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
+                     'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
     root = make_class(handouts, tmp_path, n, students)
     for name, code in ATTACKS.items():
         path = root / name / 'compare.py'
@@ -337,6 +342,11 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
     for name in ATTACKS:
         assert rows[name]['score'] == 0 and rows[name]['total'] == total, (name, rows[name]['feedback'])
     assert rows['good']['score'] == rows['zz_victim']['score'] == total, rows['zz_victim']['feedback']
+    one_pair = {c.name: c.marks for c in concepts_of(n)}['one pair (n = 1)']
+    for name in ('exits_with_one_pair', 'loops_with_one_pair'):
+        assert rows[name]['marks']['one pair (n = 1)'] == 0, rows[name]['feedback']
+        assert rows[name]['score'] == total - one_pair, rows[name]['feedback']
+    assert rows['loops_with_one_pair']['status'] == 'timed out' and rows['exits_with_one_pair']['status'] == 'graded'
     assert 'did not finish' in rows['loop']['feedback'] and rows['loop']['status'] == 'timed out'
     assert 'found: []' in rows['reader']['feedback'], rows['reader']['feedback']
     time.sleep(6)   # longer than the lingerer would have waited
@@ -436,6 +446,24 @@ def test_no_function_in_a_handout_passes_the_assignment_it_stubs(handouts, monke
                     assert not passes(concept, targets), \
                         f"{f}:{fname} in place of {name} passes assignment {n}'s '{concept.name}'"
         assert tried > 0
+
+
+def test_a_cut_or_garbled_answer_stream_keeps_only_the_whole_answers():
+    import torch
+    blobs = [course_worker.pack({'0/h': torch.ones(3)}, {'results': [{'ok': True}]}),
+             course_worker.pack({}, {'results': [{'ok': False, 'error': 'E'}]})]
+    stream = b''.join(len(b).to_bytes(8, 'little') + b for b in blobs)
+    assert [meta for _, meta in course_worker.read_answers(stream)] == [{'results': [{'ok': True}]},
+                                                                        {'results': [{'ok': False, 'error': 'E'}]}]
+    cut = course_worker.read_answers(stream[:-5])          # the process ended while writing the second
+    assert len(cut) == 1 and torch.equal(cut[0][0]['0/h'], torch.ones(3))
+    for bad in (b'', b'\x00' * 3, (2 ** 60).to_bytes(8, 'little') + b'x', b'\xff' * 64):
+        assert course_worker.read_answers(bad) == []
+    garbled = stream[:8 + len(blobs[0])] + len(blobs[1]).to_bytes(8, 'little') + b'{' * len(blobs[1])
+    assert len(course_worker.read_answers(garbled)) == 1
+    concept = course_grader.concepts(5)[0]                 # answers that are not one result per probe
+    assert course_grader.judge(concept, ({}, {'results': 'all passed'}), 0) == \
+        (False, ["the code's answers could not be read"])
 
 
 def test_help_exits_zero():
