@@ -641,6 +641,22 @@ def test_two_phase_read_is_the_plain_read(mode):
             assert (a.grad - b.grad).abs().max() <= 1e-12, (S, name)
 
 
+def test_compiled_two_phase_read_is_the_eager_plain_read():
+    # under torch.compile the blocks and sublayers are nested compile regions, compiled once and reused:
+    # the reused ones (a later block's, with other parameters; a short last block) must compute the same
+    plain = perturb(make('rd_attnres', S=3, n_layer=4, dtype=torch.float32))
+    two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase')))
+    two.load_state_dict(plain.state_dict())
+    idx, targets = batch()
+    logits, loss = plain(idx, targets)
+    loss.backward()
+    compiled_logits, compiled_loss = torch.compile(two, dynamic=False)(idx, targets)
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_logits, logits, rtol=1e-4, atol=1e-4)
+    for (name, a), b in zip(plain.named_parameters(), two.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
 def test_two_phase_read_stays_float32_under_autocast_and_records_with_the_plain_read():
     plain = perturb(make('rd_attnres', 3, dtype=torch.float32))
     two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase')))
