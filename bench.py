@@ -237,29 +237,29 @@ def read_bytes_per_token(model):
 
 def two_phase_bytes_per_token(model):
     """The same with the two-phase read (two_phase_read.py), per phase, under the same fusion assumption:
-    phase 1, once per block for its R_b routes over the N_max padded finished sources (1 + the number of
-    blocks: the padding is read like a source), reads each source once forward (logits and weighted sum in
-    one online-softmax pass) and writes the state, R_b x (d + 2) floats (u, the running max, the
-    denominator); backward reads the state's gradient and each source twice (its logits again, then its
-    gradient's dots) and writes each source's gradient. Phase 2, at each sublayer for its R routes, reads the
-    partial (none at a block's first sublayer) and the state, writes h; backward reads h's gradient, the
-    state and the partial, and writes the state's and the partial's gradients. The final read is a plain
-    read over the finished sources. Returns (phase 1 bytes, phase 2 bytes)."""
+    phase 1, once per block for its R_b routes over the padded finished sources (ceil(L / S) slots: the
+    padding is read like a source), reads each source once forward (logits and weighted sum in one
+    online-softmax pass) and writes the state, R_b x (d + 2) floats (u, the running max, the denominator);
+    backward reads the state's gradient and each source twice (its logits again, then its gradient's dots)
+    and writes each source's gradient. Phase 2, at each sublayer for its R routes, reads the partial (none
+    at a block's first sublayer) and the state, writes h; backward reads h's gradient, the state and the
+    partial, and writes the state's and the partial's gradients. The final read is one more phase 1 (one
+    route) with the last block merged in by a phase 2. Returns (phase 1 bytes, phase 2 bytes)."""
     cfg = model.config
     d, S, L = cfg.n_embd, cfg.attnres_block_size, 2 * cfg.n_layer
-    n_max = 1 + math.ceil(L / S)
+    slots = math.ceil(L / S)
     routes = {l: R for l, R, _ in model.read_points()}
-    phase1 = phase2 = 0
-    for first in range(0, L, S):
-        block = range(first, min(first + S, L))
-        state = sum(routes[l] for l in block) * (d + 2)
-        phase1 += 4 * (n_max * d + state) + 4 * (state + 2 * n_max * d + n_max * d)
-        for l in block:
-            partial = d if l > first else 0
-            phase2 += 4 * (partial + routes[l] * (d + 2) + routes[l] * d)                        # forward
-            phase2 += 4 * (routes[l] * d + routes[l] * (d + 2) + partial + routes[l] * (d + 2) + partial)   # backward
-    final = 4 * d * (n_max * (2 + 2 + 1 + 2) + 1)
-    return phase1 + final, phase2
+
+    def phase1(R):
+        state = R * (d + 2)
+        return 4 * (slots * d + state) + 4 * (state + 2 * slots * d + slots * d)
+
+    def phase2(R, partial):
+        return (4 * (partial + R * (d + 2) + R * d) +                                   # forward
+                4 * (R * d + R * (d + 2) + partial + R * (d + 2) + partial))            # backward
+    blocks = [range(first, min(first + S, L)) for first in range(0, L, S)]
+    return (sum(phase1(sum(routes[l] for l in block)) for block in blocks) + phase1(routes[L]),
+            sum(phase2(routes[l], d if l > block[0] else 0) for block in blocks for l in block) + phase2(routes[L], d))
 
 
 def traffic_model(cfg):

@@ -184,12 +184,13 @@ def test_traffic_model_counts_every_read_point():
     # (routes, sources) of each read: sublayers 0..3 and the final read
     reads = [(2, 1), (1, 2), (2, 2), (1, 3), (1, 3)]
     assert bench.read_bytes_per_token(model) == sum(4 * 16 * (S * (5 + 2 * R) + R) for R, S in reads)
-    # the two-phase read, by hand: one block of 2 sublayers (routes 2, 1), then another (2, 1), 3 padded
-    # sources, d = 16: phase 1 per block, phase 2 per sublayer (no partial at a block's first), a plain final read
-    d, n = 16, 3
-    phase1 = sum(4 * (n * d + R * (d + 2)) + 4 * (R * (d + 2) + 3 * n * d) for R in (3, 3)) + 4 * d * (n * 7 + 1)
+    # the two-phase read, by hand: one block of 2 sublayers (routes 2, 1), then another (2, 1), 2 padded
+    # sources, d = 16: phase 1 per block, phase 2 per sublayer (no partial at a block's first), and the
+    # final read as one more phase 1 (one route) with the last block merged in by a phase 2
+    d, n = 16, 2
+    phase1 = sum(4 * (n * d + R * (d + 2)) + 4 * (R * (d + 2) + 3 * n * d) for R in (3, 3, 1))
     phase2 = sum(4 * (p + R * (d + 2) + R * d) + 4 * (R * d + 2 * R * (d + 2) + 2 * p)
-                 for R, p in ((2, 0), (1, d), (2, 0), (1, d)))
+                 for R, p in ((2, 0), (1, d), (2, 0), (1, d), (1, d)))
     assert bench.two_phase_bytes_per_token(model) == (phase1, phase2)
     rows = bench.traffic_model(dict(bench.DEFAULTS, traffic=True))
     by = {(r['shape'], r['mode'], r['read']): r['predicted_overhead'] for r in rows}

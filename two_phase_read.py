@@ -15,8 +15,9 @@ sublayers (every route) over the *finished* sources can be computed at once:
         (at the sublayer that opens the block there is no partial: h[r] = u[r] / d[r])
 
 Phase 1 always runs over the same number of sources: the finished ones kept in one tensor, padded up to
-the most a read ever has (1 + the number of blocks), the padding masked out of the softmax; a closed block
-is pushed in at the back and the oldest padding slot dropped. So every block's phase 1 has one shape and
+the most a block's reads have (the embedding and every block but the last), the padding masked out of the
+softmax; a closed block is pushed in at the back and the oldest padding slot dropped. The final read is
+one more phase 1 over that tensor, with the last block merged in as its partial. So every block's phase 1 has one shape and
 is made of the same operations, and so is every merge, whatever the depth: under torch.compile the kernels
 are the same for every block. The arithmetic is the plain read's: float32
 (float64 stays float64) with autocast off, logits as elementwise products and sums (no matmul). The
@@ -67,7 +68,7 @@ def push(stack, new):
 def forward_two_phase(model, embedding):
     """model.forward_depth_routed(embedding), computed block by block in two phases."""
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
-    n_max = 1 + math.ceil(L / S)                                     # the final read's sources: the most of any
+    n_max = math.ceil(L / S)                    # the last block's finished sources: the embedding, the other blocks
     x0, r0 = source(embedding)
     dtype, device = x0.dtype, embedding.device
     # the finished sources, padded at the front: slots fill from the back, one per closed block
@@ -90,9 +91,10 @@ def forward_two_phase(model, embedding):
             block = blocks[l // 2]
             out = block.attention(None, cos, sin, h=h) if l % 2 == 0 else block.mlp(block.mlp_input(None, h=h))
             partial = source(out if partial is None else partial[0] + fp32(out))
-        x, inv_rms = push(x, partial[0]), push(inv_rms, partial[1][..., 0])
-        bias = push(bias, torch.zeros((), dtype=dtype, device=device))
-    with no_autocast:
+        if first + S < L:                       # a later block reads this one as a finished source
+            x, inv_rms = push(x, partial[0]), push(inv_rms, partial[1][..., 0])
+            bias = push(bias, torch.zeros((), dtype=dtype, device=device))
+    with no_autocast:                           # the final read: the last block is its partial
         q = queries_of(model.final_read).to(dtype)
-        h = phase2(phase1(x, inv_rms, bias, q), q, None)
+        h = phase2(phase1(x, inv_rms, bias, q), q, partial)
     return h[0]
