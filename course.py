@@ -22,8 +22,8 @@ in order. The tests of an assignment carry a marker (pytest -m assignmentN) and 
 Grading takes *only the lines between a student's markers* into a copy of the few files the grader needs
 (nothing else of the student's folder is used) and never runs them in the process that decides the marks:
 course_grader.py runs each concept's probes in a sandbox (bubblewrap, one per submission) with the
-student's code and on the instructor's own code, and compares. Each assignment has a few concepts, each worth some marks, earned
-when all of its probes match. The grader, its inputs and its checks are never handed out.
+student's code and on the instructor's own code, and compares. Each assignment has a few concepts, each
+worth some marks, earned when all of its probes match. The grader, its inputs and its checks are never handed out.
 """
 
 import argparse

@@ -5,9 +5,9 @@ grading works", is the page for instructors; course.py is the command.
 Marks are decided here, by a process that never runs student code. The student's answer runs in a
 sandbox (course_worker.py, in a copy of the project that holds the student's marked lines and nothing
 else of theirs), one for all the concepts of an assignment, each concept with CPU time of its own; it
-receives inputs and returns what the student's functions computed, as safetensors. This process runs the same probes on the instructor's own project
-and compares: a concept's marks are earned when every one of its probes matches. The inputs, the
-expected values and these checks stay on this side.
+receives inputs and returns what the student's functions computed, as safetensors. This process runs
+the same probes on the instructor's own project and compares: a concept's marks are earned when every
+one of its probes matches. The inputs, the expected values and these checks stay on this side.
 
 The sandbox is bubblewrap (Debian: apt-get install bubblewrap), chosen because it is a standard,
 unprivileged-capable, single-binary mechanism that needs no daemon: new mount, PID, network, IPC and UTS

@@ -158,6 +158,12 @@ def unpack(data):
     return load(data), json.loads(header.get('__metadata__', {}).get('json', 'null'))
 
 
+def frame(tensors, meta):
+    """One concept's answers as the worker writes them: 8 bytes of length (little-endian), then the blob."""
+    blob = pack(tensors, meta)
+    return struct.pack('<Q', len(blob)) + blob
+
+
 def read_answers(data):
     """The concepts' answers in a worker's output: a list of (tensors, meta), one per concept answered, in
     order; whatever follows the last whole one (a cut or a bad blob) is dropped."""
@@ -170,6 +176,7 @@ def read_answers(data):
             break
         at += 8 + size
     return out
+
 
 def where_in_student_code(e):
     """'model.py, line 12: <the line>' of the innermost frame of an answer file, or ''."""
@@ -210,8 +217,7 @@ def main():
             except BaseException as e:   # noqa: B902 (SystemExit, KeyboardInterrupt from the code under test too)
                 error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:160]}"
                 results.append(dict(ok=False, error=error, where=where_in_student_code(e)[:160]))
-        blob = pack(out_tensors, {'results': results})
-        answers_out.write(struct.pack('<Q', len(blob)) + blob)
+        answers_out.write(frame(out_tensors, {'results': results}))
         answers_out.flush()
         first += count
 

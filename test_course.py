@@ -321,8 +321,8 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
     classroom = tmp_path / f'class{n}'
     students = {name: None for name in ATTACKS}
     students.update({'good': [], 'zz_victim': []})
-    # right code that ends its process, or loops, with one pair: one sandbox run for all concepts gets no
-    # answer, and each concept runs again alone, so only the one-pair concept is lost
+    # right code that ends its process, or loops, with one pair: the sandbox shared by the concepts ends at
+    # that concept, the concepts after it run again in a new one, so only the one-pair concept is lost
     one_pair = '    mean = sum(deltas) / n\n'
     students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
                      'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
@@ -450,16 +450,16 @@ def test_no_function_in_a_handout_passes_the_assignment_it_stubs(handouts, monke
 
 def test_a_cut_or_garbled_answer_stream_keeps_only_the_whole_answers():
     import torch
-    blobs = [course_worker.pack({'0/h': torch.ones(3)}, {'results': [{'ok': True}]}),
-             course_worker.pack({}, {'results': [{'ok': False, 'error': 'E'}]})]
-    stream = b''.join(len(b).to_bytes(8, 'little') + b for b in blobs)
+    frames = [course_worker.frame({'0/h': torch.ones(3)}, {'results': [{'ok': True}]}),
+              course_worker.frame({}, {'results': [{'ok': False, 'error': 'E'}]})]
+    stream = b''.join(frames)
     assert [meta for _, meta in course_worker.read_answers(stream)] == [{'results': [{'ok': True}]},
                                                                         {'results': [{'ok': False, 'error': 'E'}]}]
     cut = course_worker.read_answers(stream[:-5])          # the process ended while writing the second
     assert len(cut) == 1 and torch.equal(cut[0][0]['0/h'], torch.ones(3))
     for bad in (b'', b'\x00' * 3, (2 ** 60).to_bytes(8, 'little') + b'x', b'\xff' * 64):
         assert course_worker.read_answers(bad) == []
-    garbled = stream[:8 + len(blobs[0])] + len(blobs[1]).to_bytes(8, 'little') + b'{' * len(blobs[1])
+    garbled = frames[0] + frames[1][:8] + b'{' * (len(frames[1]) - 8)
     assert len(course_worker.read_answers(garbled)) == 1
     concept = course_grader.concepts(5)[0]                 # answers that are not one result per probe
     assert course_grader.judge(concept, ({}, {'results': 'all passed'}), 0) == \

@@ -642,8 +642,8 @@ def test_two_phase_read_is_the_plain_read(mode):
 
 
 def test_compiled_two_phase_read_is_the_eager_plain_read():
-    # under torch.compile the blocks and sublayers are nested compile regions, compiled once and reused:
-    # the reused ones (a later block's, with other parameters; a short last block) must compute the same
+    # compiled, every block's phase 1 and every merge have one shape and reuse the same kernels: a later
+    # block's (other parameters) and a short last block's must compute what the eager plain read does
     plain = perturb(make('rd_attnres', S=3, n_layer=4, dtype=torch.float32))
     two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase')))
     two.load_state_dict(plain.state_dict())

@@ -17,9 +17,9 @@ sublayers (every route) over the *finished* sources can be computed at once:
 Phase 1 always runs over the same number of sources: the finished ones kept in one tensor, padded up to
 the most a block's reads have (the embedding and every block but the last), the padding masked out of the
 softmax; a closed block is pushed in at the back and the oldest padding slot dropped. The final read is
-one more phase 1 over that tensor, with the last block merged in as its partial. So every block's phase 1 has one shape and
-is made of the same operations, and so is every merge, whatever the depth: under torch.compile the kernels
-are the same for every block. The arithmetic is the plain read's: float32
+one more phase 1 over that tensor, with the last block merged in as its partial. So every block's phase 1
+has one shape and is made of the same operations, and so is every merge, whatever the depth: under
+torch.compile the kernels are the same for every block. The arithmetic is the plain read's: float32
 (float64 stays float64) with autocast off, logits as elementwise products and sums (no matmul). The
 routing diagnostics use the plain read (GPT.forward records with it).
 """
@@ -68,13 +68,13 @@ def push(stack, new):
 def forward_two_phase(model, embedding):
     """model.forward_depth_routed(embedding), computed block by block in two phases."""
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
-    n_max = math.ceil(L / S)                    # the last block's finished sources: the embedding, the other blocks
+    slots = math.ceil(L / S)                    # the last block's finished sources: the embedding, the other blocks
     x0, r0 = source(embedding)
     dtype, device = x0.dtype, embedding.device
     # the finished sources, padded at the front: slots fill from the back, one per closed block
-    x = push(torch.zeros(n_max, *x0.shape, dtype=dtype, device=device), x0)
-    inv_rms = push(torch.ones(n_max, *x0.shape[:-1], dtype=dtype, device=device), r0[..., 0])
-    bias = push(torch.full((n_max,), -math.inf, dtype=dtype, device=device), torch.zeros((), dtype=dtype, device=device))
+    x = push(torch.zeros(slots, *x0.shape, dtype=dtype, device=device), x0)
+    inv_rms = push(torch.ones(slots, *x0.shape[:-1], dtype=dtype, device=device), r0[..., 0])
+    bias = push(torch.full((slots,), -math.inf, dtype=dtype, device=device), torch.zeros((), dtype=dtype, device=device))
     blocks, cos, sin = list(model.transformer.h), model.rope_cos, model.rope_sin
     no_autocast = torch.autocast(device_type=device.type, enabled=False)   # the reads are float32, as in depth_read
     for first in range(0, L, S):
