@@ -39,6 +39,7 @@ from configurator import settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
+MORE_SEEDS = [6, 7, 8, 9, 10]   # the third set's seeds 6-10 (docs/results.md, "Ten pairs")
 EXIT_STOPPED = 75            # a run or the study stopped on a signal, checkpoint written: run it again
 EXTRA_PAIRS = [('rd_attnres', 'ctrl_heads')]   # compared side by side beyond each arm vs its parent
 
@@ -82,7 +83,7 @@ def cpu_plan():
     controls at the early budget. Second set, on a rebuilt corpus: attnres parents at the early budget
     (their ctrl_mix arms were run with a mode since removed; their logs are kept), then the noise floor,
     attnres vs ctrl_dup in bf16 (seed 1) and float32. Third set: float32 at the main budget, five seeds x
-    {attnres, rd_attnres, ctrl_heads}; then the third seed of the float32 noise floor."""
+    {attnres, rd_attnres, ctrl_heads}; then the third seed of the float32 noise floor; then seeds 6-10 of the third set."""
     def run(folder, mode, seed, *budget):
         return Run('config/study_cpu.py', seed, f'study/runs/{folder}/{mode}_s{seed}', (f'--residual={mode}', *budget))
     fp32 = ('--dtype=float32',)
@@ -95,6 +96,7 @@ def cpu_plan():
     runs += [run('early2_fp32', mode, seed, *EARLY, *fp32) for seed in (1, 2) for mode in ('attnres', 'ctrl_dup')]
     runs += [run('main_fp32', mode, seed, *fp32) for seed in SEEDS for mode in ('attnres', 'rd_attnres', 'ctrl_heads')]
     runs += [run('early2_fp32', mode, 3, *EARLY, *fp32) for mode in ('attnres', 'ctrl_dup')]
+    runs += [run('main_fp32', mode, seed, *fp32) for seed in MORE_SEEDS for mode in ('attnres', 'rd_attnres', 'ctrl_heads')]
     return runs
 
 
