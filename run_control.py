@@ -1,6 +1,6 @@
 """
 The checks around train.py's loop (docs/run_safety.md): the configuration checked before anything is
-written, the batch arithmetic, the stop signals of a preempting scheduler, and the divergence guards.
+written, the batch arithmetic, the stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
 None of it reads the device on a training step: the guards keep their flags on the device and the
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
@@ -8,25 +8,25 @@ ranks agree on them at log steps, where the loop reads the device anyway.
 import os
 import signal
 import sys
+from contextlib import contextmanager
 
 import torch
 
-from common import MODEL_KEYS, check_device, resolve_dtype, schedule_length
-from model import GPTConfig
+from common import check_device, model_problems, resolve_dtype, schedule_length
 from prepare import read_dataset
-from run_dir import fail, kept_checkpoint
+from run_dir import fail
+from run_files import CHECKPOINT, kept_checkpoint
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
 # workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
-# checkpoint there; the process then exits with this code (sysexits.h's EX_TEMPFAIL: "try again").
+# checkpoint there; the process then exits with run_files.EXIT_STOPPED (75, "try again").
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-EXIT_STOPPED = 75
 # float16: a step whose scaled gradients overflow is skipped by the GradScaler, which then halves the
 # scale. That is normal now and then; this many skipped steps in a row means the run has diverged.
 MAX_SKIPPED_STEPS = 20
 
-POSITIVE = ('eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size', 'block_size',
-            'n_layer', 'n_head', 'n_embd', 'attnres_block_size')
+# (the model's keys are checked by common.model_problems, as a saved model's are)
+POSITIVE = ('eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size')
 NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
                 'grad_clip', 'peak_flops')
 
@@ -47,10 +47,7 @@ def validate(cfg):
     bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
     if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
         bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
-    try:
-        GPTConfig(depth_read=cfg['depth_read'], **{k: cfg[k] for k in MODEL_KEYS})
-    except ValueError as e:
-        bad.append(str(e))
+    bad += model_problems(cfg)
     if bad:
         raise SystemExit("bad configuration: " + '; '.join(bad))
     check_device(cfg['device'])
@@ -105,6 +102,34 @@ def open_data(cfg, procs, windows_per_step):
              "or lower block_size", procs.master)
     return train_data, val_data, n_windows, n_eval
 
+
+
+@contextmanager
+def ctrl_c(out_dir):
+    """Ctrl-C stops the run with a message: what is kept and how to continue. The first one also makes the
+    process ignore any later one: a second Ctrl-C while the first is handled (a checkpoint's partial file
+    being removed, the interpreter's exit handlers) would end in a raw traceback, or leave the partial file.
+    Where SIGINT was ignored when the run started (a background job), it stays so."""
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+    mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if mine:
+        signal.signal(signal.SIGINT, first)
+    interrupted = False
+    try:
+        yield
+    except KeyboardInterrupt:
+        interrupted = True
+        ckpt = os.path.join(out_dir, CHECKPOINT)   # (a checkpoint being written when it came was removed)
+        raise SystemExit((f"interrupted (Ctrl-C): the last checkpoint, {ckpt}, is kept; what was trained after it is "
+                          "not. To continue:" if os.path.exists(ckpt) else "interrupted (Ctrl-C) before the first "
+                          "checkpoint: nothing trained is kept. To start again:") + " the same command with "
+                         "--init_from=auto. (SIGTERM instead of Ctrl-C stops at the next log step with a checkpoint.)"
+                         ) from None
+    finally:
+        if mine and not interrupted:   # a caller in the same process (a test, a notebook) gets its handler back
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class StopSignals:

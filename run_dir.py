@@ -1,29 +1,22 @@
 """
 A run's directory, for train.py: how a run claims its out_dir, starts or resumes in it, and what it
-keeps there (docs/run_safety.md):
-
-    out_dir/run.lock      held (flock) by the one process writing here, for its whole life
-    out_dir/config.json   the run's whole configuration, written when it starts
-    out_dir/log.jsonl     one JSON row per log step and per evaluation, appended
-    out_dir/ckpt.pt       model, optimizer, scaler, RNG states and step, with a checksum
+writes there while it trains. The files themselves (run.lock, config.json, log.jsonl, ckpt.pt), their
+readers and writers, are run_files.py's (docs/run_safety.md).
 
 An evaluation's row is appended only after its checkpoint is on disk, so a log that holds the
-validation loss at max_iters means a finished run (study.py reads it so). A resume rewinds the log to
+validation loss at max_iters means a finished run (run_files.is_finished). A resume rewinds the log to
 the checkpoint's step: what was logged after it is trained again, bit-identically.
 """
 
-import json
 import os
 import secrets
 import subprocess
 import sys
 
-from common import (FROZEN_ON_RESUME, atomic_write_text, check_tensors, has_eval, load_checkpoint, lock_folder,
-                    read_log, save_checkpoint, schedule_length, set_rng_states)
-
-RUN_FILES = ('ckpt.pt', 'log.jsonl', 'config.json')
-CHECKPOINT_KEYS = ('model', 'optimizer', 'scaler', 'step', 'best_val_loss', 'config', 'rng')
-HELD_LOCKS = []   # the open lock files of this process: kept open, and so held, until it ends
+from common import FROZEN_ON_RESUME, schedule_length
+from run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
+                       killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
+                       rewind_log, save_checkpoint, set_rng_states, write_config, write_failed)
 
 
 def fail(message, master=True):
@@ -31,25 +24,11 @@ def fail(message, master=True):
     raise SystemExit(message if master else 1)
 
 
-def existing_run(out_dir):
-    """What a previous run left in out_dir (empty if nothing)."""
-    return [f"{name} ({os.path.getsize(os.path.join(out_dir, name)):,} bytes)" for name in RUN_FILES
-            if os.path.exists(os.path.join(out_dir, name))]
-
-
-def remove_run_files(out_dir, suffix=''):
-    for name in RUN_FILES:
-        if os.path.exists(os.path.join(out_dir, name + suffix)):
-            os.remove(os.path.join(out_dir, name + suffix))
-
-
-def read_run_config(out_dir):
-    """out_dir/config.json as a dict, or None if it is missing or unreadable."""
+def saved_config(out_dir):
+    """out_dir/config.json, or None if there is none that train.py wrote."""
     try:
-        with open(os.path.join(out_dir, 'config.json'), encoding='utf-8') as f:
-            saved = json.load(f)
-        return saved if isinstance(saved, dict) else None
-    except (OSError, ValueError):
+        return read_config(out_dir)
+    except RunFileError:
         return None
 
 
@@ -62,38 +41,52 @@ def describe_diff(diff, then, now):
     return ', '.join(f"{k}: {then} {a!r} vs {now} {b!r}" for k, (a, b) in diff.items())
 
 
-def killed_before_first_checkpoint(out_dir, saved):
-    """Whether out_dir's log is only the beginning of a run killed before its first checkpoint: no step
-    logged at or past the step of its first checkpoint (its first evaluation, or max_iters)."""
-    try:
-        steps = [r['step'] for r in read_log(os.path.join(out_dir, 'log.jsonl'))]
-    except FileNotFoundError:
-        steps = []
-    except (OSError, ValueError, TypeError, KeyError, SystemExit):
-        return False
-    try:
-        first = saved['max_iters'] if not saved.get('always_save_checkpoint', True) else \
-            min(saved['eval_interval'], saved['max_iters'])
-    except (KeyError, TypeError):
-        return False
-    return all(s < first for s in steps)
+def without_checkpoint(out_dir, found):
+    """What out_dir holds when it has files of a run but no ckpt.pt, and the way on."""
+    started = saved_config(out_dir)
+    if started is None:
+        return (f"{out_dir} holds files of a run without a readable config.json: {', '.join(found)}. Use another "
+                "out_dir, or --init_from=scratch --overwrite=True to replace it.")
+    if killed_before_first_checkpoint(out_dir, started):
+        return (f"{out_dir} holds only the beginning of a run killed before its first checkpoint ({', '.join(found)}), "
+                "nothing to resume. Start it again with --init_from=auto (same configuration) or replace it with "
+                "--init_from=scratch --overwrite=True.")
+    return (f"{out_dir} holds a run that got past its first checkpoint, but its ckpt.pt is gone ({', '.join(found)} "
+            "are there): it cannot be continued, and starting it again would replace its log. To keep it, restore its "
+            "ckpt.pt (or start the new run in another --out_dir); to replace it, --init_from=scratch --overwrite=True.")
 
 
-def lock_out_dir(out_dir):
-    """Hold out_dir for this process's whole life (a process that runs train.main again into the same
-    out_dir, a notebook say, holds it already). Returns None, or a line saying who holds it."""
-    path = os.path.abspath(os.path.join(out_dir, 'run.lock'))
-    if any(os.path.abspath(held.name) == path and os.path.exists(path) and os.path.samefile(held.name, path)
-           for held in HELD_LOCKS):
-        return None
-    f, holder = lock_folder(out_dir, 'run.lock')
-    if f is not None:
-        HELD_LOCKS.append(f)
-    return holder
+def no_checkpoint(out_dir):
+    found = existing_run(out_dir)
+    return f"init_from='resume' but there is no {os.path.join(out_dir, CHECKPOINT)}" + (
+        f": {without_checkpoint(out_dir, found)}" if found else "; start with --init_from=scratch (or auto)")
+
+
+def hold_out_dir(out_dir, procs):
+    """Hold out_dir (run.lock) on rank 0, or stop saying who holds it. Two runs started into one out_dir at
+    the same moment would interleave their logs and overwrite each other's checkpoints: the second is
+    refused, before it reads or writes anything there. Then what a run killed mid-write left is removed."""
+    import torch
+    master, holder = procs.master, None
+    if master:
+        try:
+            holder = lock_out_dir(out_dir)
+        except OSError as e:
+            raise write_failed(os.path.join(out_dir, LOCK), e, "nothing was written", what=f"to {out_dir}",
+                               then="run the same command again") from None
+    if procs.ddp:   # every rank learns whether rank 0 got it
+        busy = torch.tensor([int(holder is not None)], device=procs.device)
+        torch.distributed.all_reduce(busy)
+        holder = holder or ('another run' if busy.item() else None)
+    if holder:
+        fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
+             "and checkpoints: wait for it to end, or use another --out_dir.", master)
+    if master:   # (no other run can be writing them: we hold the lock)
+        remove_run_files(out_dir, '.tmp')
 
 
 def claim_out_dir(cfg, procs):
-    """Hold out_dir (a writing run), then decide how this run starts in it; init_from is resolved to
+    """Hold out_dir (a run that writes), then decide how this run starts in it; init_from is resolved to
     'scratch' or 'resume'.
     scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
     resume:  needs out_dir/ckpt.pt (checked in resume()).
@@ -101,54 +94,31 @@ def claim_out_dir(cfg, procs):
              out_dir holds no run, and start again from scratch when it holds only the beginning of this
              same run, killed before its first checkpoint (nothing trained is lost). Anything else (a
              finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files."""
-    import torch
     master, out_dir = procs.master, cfg['out_dir']
-    if cfg['init_from'] == 'resume' and not os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+    has_ckpt = os.path.exists(os.path.join(out_dir, CHECKPOINT))
+    if cfg['init_from'] == 'resume' and not has_ckpt:
         fail(no_checkpoint(out_dir), master)   # (said before out_dir is made)
-    if not cfg['eval_only']:
-        # Two runs started into one out_dir at the same moment would interleave their logs and overwrite
-        # each other's checkpoints: the second is refused, before it reads or writes anything there.
-        holder = None
-        if master:
-            try:
-                holder = lock_out_dir(out_dir)
-            except OSError as e:
-                fail(f"cannot write to {out_dir} ({e.strerror}): choose an out_dir this user can write to")
-        if procs.ddp:   # every rank learns whether rank 0 got it
-            busy = torch.tensor([int(holder is not None)], device=procs.device)
-            torch.distributed.all_reduce(busy)
-            holder = holder or ('another run' if busy.item() else None)
-        if holder:
-            fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
-                 "and checkpoints: wait for it to end, or use another --out_dir.", master)
-        if master:   # what a run killed mid-write left (no other run can be writing them: we hold the lock)
-            remove_run_files(out_dir, '.tmp')
+    # what writes holds out_dir: training, and eval_only from a checkpoint (it appends a row to the log)
+    if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):
+        hold_out_dir(out_dir, procs)
     found = existing_run(out_dir)
-    has_ckpt = os.path.exists(os.path.join(out_dir, 'ckpt.pt'))
     if cfg['init_from'] == 'auto':
         cfg['init_from'] = 'resume' if has_ckpt else 'scratch'
         if has_ckpt or not found or cfg['eval_only']:
             return
-        started = read_run_config(out_dir)
-        if started is not None and not all(isinstance(started.get(k), int) for k in ('max_iters', 'eval_interval')):
-            started = None   # not a config.json of train.py
+        started = saved_config(out_dir)
         diff = frozen_diff(started or {}, dict(cfg, lr_decay_iters=schedule_length(cfg)))
-        if started is None or diff:
-            what = (f"a run with another configuration ({describe_diff(diff, 'that run', 'now')})" if diff
-                    else f"files of a run without a readable config.json: {', '.join(found)}")
-            fail(f"{out_dir} holds {what}. Use another out_dir, or --init_from=scratch --overwrite=True to "
-                 "replace it.", master)
-        if not killed_before_first_checkpoint(out_dir, started):
-            fail(f"{out_dir} holds a run that got past its first checkpoint, but its ckpt.pt is gone ({', '.join(found)} "
-                 "are there): it cannot be continued, and starting it again would replace its log. To keep it, "
-                 "restore its ckpt.pt (or start the new run in another --out_dir); to replace it, "
-                 "--init_from=scratch --overwrite=True.", master)
+        if diff:
+            fail(f"{out_dir} holds a run with another configuration ({describe_diff(diff, 'that run', 'now')}). Use "
+                 "another out_dir, or --init_from=scratch --overwrite=True to replace it.", master)
+        if started is None or not killed_before_first_checkpoint(out_dir, started):
+            fail(without_checkpoint(out_dir, found), master)
     elif cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
         return
     elif not cfg['overwrite']:
         how = ("--init_from=resume (or auto)" if has_ckpt else
                "it has no checkpoint yet (killed before its first one): --init_from=auto starts it again"
-               if killed_before_first_checkpoint(out_dir, read_run_config(out_dir) or cfg) else
+               if killed_before_first_checkpoint(out_dir, saved_config(out_dir) or cfg) else
                "its ckpt.pt is gone, so it cannot be continued")
         fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: {how}. To start a new run: "
              "another --out_dir. To replace it: --overwrite=True.", master)
@@ -156,29 +126,13 @@ def claim_out_dir(cfg, procs):
         remove_run_files(out_dir)
 
 
-def no_checkpoint(out_dir):
-    started = existing_run(out_dir)
-    return f"init_from='resume' but there is no {os.path.join(out_dir, 'ckpt.pt')}" + (
-        f": {out_dir} holds only the beginning of a run killed before its first checkpoint "
-        f"({', '.join(started)}), nothing to resume. Start it again with --init_from=auto (same configuration) "
-        "or replace it with --init_from=scratch --overwrite=True" if started
-        else "; start with --init_from=scratch (or auto)")
-
-
 def resume(cfg, model, optimizer, scaler, master):
-    """Restore model, optimizer, scaler and RNG states from out_dir/ckpt.pt (checksum verified).
+    """Restore model, optimizer, scaler and RNG states from out_dir/ckpt.pt (checksum and keys verified).
     Returns (step, best validation loss, the checkpoint's configuration)."""
-    import torch
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+    ckpt_path = os.path.join(cfg['out_dir'], CHECKPOINT)
     if not os.path.exists(ckpt_path):
         fail(no_checkpoint(cfg['out_dir']), master)
     ckpt = load_checkpoint(ckpt_path)
-    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt] + ([] if isinstance(ckpt.get('config'), dict) else ['config'])
-    missing += [] if isinstance(ckpt.get('model'), dict) and all(isinstance(t, torch.Tensor) for t in ckpt['model'].values()) \
-        else ['model']
-    if missing:
-        fail(f"{ckpt_path} is not a checkpoint of train.py: it lacks {', '.join(dict.fromkeys(missing))}. It was left "
-             "as it is; resume from a copy, or start the run again in another out_dir.", master)
     saved = dict(ckpt['config'])
     saved['lr_decay_iters'] = schedule_length(saved)
     if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
@@ -195,15 +149,6 @@ def resume(cfg, model, optimizer, scaler, master):
     return ckpt['step'], ckpt['best_val_loss'], saved
 
 
-def logged_eval(cfg, step):
-    """Whether out_dir's log holds the validation loss at `step`."""
-    try:
-        rows = read_log(os.path.join(cfg['out_dir'], 'log.jsonl'))
-    except FileNotFoundError:
-        return False
-    return has_eval(rows, step)
-
-
 def git_commit():
     try:
         return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=5,
@@ -212,57 +157,38 @@ def git_commit():
         return None
 
 
-def disk_failure(path, e, what):
-    """A failed write as a message: what failed, what is kept, what to do."""
-    import shutil
-    folder = os.path.dirname(os.path.abspath(path))
-    free = shutil.disk_usage(folder).free if os.path.isdir(folder) else 0
-    return SystemExit(f"could not write {path} ({e.strerror or e}; {folder} has {free / 1e6:,.0f} MB free): {what}. "
-                      "Make room, then continue with --init_from=auto.")
-
-
 class RunRecord:
-    """What rank 0 writes about a run: config.json, log.jsonl (and Weights & Biases), the checkpoint.
-    Other ranks get one that writes nothing."""
+    """What rank 0 writes about a run, through run_files: config.json, log.jsonl (and Weights & Biases), the
+    checkpoint. Other ranks get one that writes nothing."""
 
     def __init__(self, cfg, master):
         self.cfg, self.master, self.tracker = cfg, master, None
-        self.log_path, self.ckpt_path = (os.path.join(cfg['out_dir'], n) for n in ('log.jsonl', 'ckpt.pt'))
+        self.log_path, self.ckpt_path = (os.path.join(cfg['out_dir'], n) for n in (LOG, CHECKPOINT))
 
     def start(self, step, saved, procs, meta):
         """A run that trains: the log rewound to the checkpoint, the tracker started, config.json written."""
         import torch
         if not self.master:
             return
-        if saved and os.path.exists(self.log_path):
-            # forget what was logged after the checkpoint (and a line torn by a crash): it is trained again
-            rows = [r for r in read_log(self.log_path) if r['step'] <= step]
-            self.write_text(self.log_path, ''.join(json.dumps(r) + '\n' for r in rows))
+        if saved:
+            self.rewind(step)
         if self.cfg['wandb_log']:   # before config.json: the tracked run's id goes into it, so that a resume finds it
             self.tracker = start_wandb(self.cfg, saved)
-        meta = dict(self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=procs.world,
-                    device_name=torch.cuda.get_device_name(procs.device) if procs.device_type == 'cuda' else procs.device,
-                    **meta)
-        self.write_text(os.path.join(self.cfg['out_dir'], 'config.json'), json.dumps(meta, indent=2) + '\n')
+        write_config(self.cfg['out_dir'], dict(
+            self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=procs.world,
+            device_name=torch.cuda.get_device_name(procs.device) if procs.device_type == 'cuda' else procs.device, **meta))
 
-    def write_text(self, path, text):
-        try:
-            atomic_write_text(path, text)
-        except OSError as e:
-            if os.path.exists(path + '.tmp'):
-                os.remove(path + '.tmp')
-            raise disk_failure(path, e, f"{os.path.basename(path)} is as it was") from None
+    def rewind(self, step):
+        """The log up to the checkpoint's step: what was logged after it is trained again. Its rows are read
+        (a bad line is a message) and written back whole (a torn last line set aside)."""
+        if self.master and os.path.exists(self.log_path):
+            rewind_log(self.log_path, step)
 
     def log(self, row):
         """Append a row to log.jsonl (and send it to the tracker)."""
         if not self.master:
             return
-        try:
-            with open(self.log_path, 'a') as f:
-                f.write(json.dumps(row) + '\n')
-        except OSError as e:   # a torn last line is dropped by the next reader, and the resume rewinds past it
-            raise disk_failure(self.log_path, e, f"the log of step {row['step']} may be cut short; the checkpoint "
-                                                 f"{self.ckpt_path} is kept") from None
+        append_log(self.log_path, row)
         if self.tracker is not None:
             self.tracker.log(wandb_row(row), step=row['step'])
 
@@ -273,12 +199,6 @@ class RunRecord:
     def finish(self):
         if self.tracker is not None:
             self.tracker.finish()
-
-
-def kept_checkpoint(ckpt_path):
-    """What a run that stops without saving leaves behind, said as it is."""
-    return (f"the last good checkpoint, {ckpt_path}, is kept" if os.path.exists(ckpt_path)
-            else f"no checkpoint was written ({ckpt_path} does not exist)")
 
 
 # -----------------------------------------------------------------------------

@@ -7,17 +7,20 @@ Sample from a trained model, and optionally show where each layer reads from.
     python sample.py --weights=rd_120m_s1.safetensors --start="The"              # sample from such a file
 
 A checkpoint is loaded with torch.load(weights_only=True) and its checksum verified; a .safetensors
-file holds only tensors and a text header (the model's configuration), so neither can run code.
+file holds only tensors and a text header (the model's configuration and a digest of it and the tensors,
+verified too), so neither can run code.
 """
 
 import json
-
 import os
 import sys
+import warnings
 
 import torch
 
-from common import MODEL_KEYS, check_tensors, check_device, load_checkpoint, model_config
+from common import MODEL_KEYS, check_device
+from run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
+                       write_failed)
 from configurator import configure
 from model import GPT
 from routing import source_labels
@@ -59,16 +62,18 @@ def print_routing(model):
 
 def load_model(cfg):
     """(model, its configuration, a line saying where it came from): from out_dir/ckpt.pt, or from a
-    .safetensors file whose header holds the model configuration. The configuration and every tensor's
-    name, shape and dtype are checked against the model (built first on the meta device, which
-    allocates nothing) before any weight is loaded."""
+    .safetensors file whose header holds the model configuration and a digest of it and the tensors. The
+    configuration is checked as train.py checks its keys, every tensor's name, shape and dtype against the
+    model (built first on the meta device, which allocates nothing), and the checksum or digest, before the
+    model is built and loaded."""
     from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_model as load_safetensors
+    from safetensors.torch import load_file
     if cfg['weights']:
         source = cfg['weights']
         try:
             with safe_open(source, framework='pt') as f:
-                saved = json.loads((f.metadata() or {}).get('config', 'null'))
+                header = f.metadata() or {}
+                saved = json.loads(header.get('config', 'null'))
                 tensors = {k: (f.get_slice(k).get_shape(), DTYPES.get(f.get_slice(k).get_dtype())) for k in f.keys()}
         except (OSError, SafetensorError, ValueError) as e:
             raise SystemExit(f"{source} cannot be read as a .safetensors file: {e}") from None
@@ -76,37 +81,64 @@ def load_model(cfg):
             raise SystemExit(f"{source} has no model configuration in its header: write it with "
                              "python sample.py --out_dir=<run> --export=<file>.safetensors")
     else:
-        source = os.path.join(cfg['out_dir'], 'ckpt.pt')
+        source = os.path.join(cfg['out_dir'], CHECKPOINT)
         if not os.path.exists(source):
             raise SystemExit(f"no checkpoint at {source}: train one first (python train.py config/quickstart.py) "
                              "or pass --out_dir=<a run directory>")
         ckpt = load_checkpoint(source)   # onto the CPU first: the model is moved once, below
-        saved, weights = ckpt.get('config'), ckpt.get('model')
-        if not isinstance(saved, dict) or not isinstance(weights, dict) or \
-                not all(isinstance(t, torch.Tensor) for t in weights.values()):
-            raise SystemExit(f"{source} holds no model configuration and weights: not a checkpoint of train.py")
+        saved, weights = ckpt['config'], ckpt['model']
         tensors = {k: (tuple(t.shape), t.dtype) for k, t in weights.items()}
     config = model_config(saved, source)
     with torch.device('meta'):
         check_tensors(GPT(config), tensors, source)
-    model = GPT(config)
     if cfg['weights']:
-        load_safetensors(model, source)
+        try:
+            weights = load_file(source)
+        except (OSError, SafetensorError) as e:
+            raise SystemExit(f"{source} cannot be read as a .safetensors file: {e}") from None
+        if 'sha256' not in header:
+            warnings.warn(f"{source} has no digest (exported by an older sample.py): its configuration and tensors "
+                          "are not verified")
+        elif header['sha256'] != weights_digest(header['config'], weights):
+            raise SystemExit(f"{source} was changed after it was exported: its configuration or tensors do not match "
+                             "the digest written with them. Export it again from its run (python sample.py "
+                             "--out_dir=<run> --export=<file>.safetensors).")
+    try:
+        model = GPT(config)
+    except (RuntimeError, MemoryError) as e:   # a configuration valid for train.py, but too big for this machine
+        raise SystemExit(f"{source}: the model its configuration describes ({', '.join(f'{k}={saved[k]}' for k in MODEL_KEYS)}) "
+                         f"cannot be built here ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    # every tensor of the model is there (check_tensors), a tied weight once: strict=False lets the other name be
+    model.load_state_dict(weights, strict=not cfg['weights'])
+    if cfg['weights']:
         return model, saved, f"{source} (step {saved.get('step')})"
-    model.load_state_dict(weights)
-    saved = dict(saved, step=ckpt.get('step'), best_val_loss=ckpt.get('best_val_loss'))
+    saved = dict(saved, step=ckpt['step'], best_val_loss=ckpt['best_val_loss'])
     return model, saved, f"{source} (step {saved['step']}, best val loss {saved['best_val_loss']})"
 
 
 DTYPES = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'F64': torch.float64}
 
 
+def weights_digest(config_text, tensors):
+    """The digest an exported file carries: of its header's configuration (as text) and of every tensor, by name."""
+    return content_digest(dict(config=config_text, tensors={k: tensors[k] for k in sorted(tensors)}))
+
+
 def export(model, saved, path):
-    """The weights (the tied embedding / LM head once) and, in the header, the model configuration."""
-    from safetensors.torch import save_model
-    config = {k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'data_id') if k in saved}
-    save_model(model, path + '.tmp', metadata={'config': json.dumps(config), 'format': 'pt'})
-    os.replace(path + '.tmp', path)
+    """The weights (the tied embedding / LM head once) and, in the header, the model configuration and
+    their digest, written through run_files.atomic_write."""
+    from safetensors.torch import save
+    config = json.dumps({k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'data_id') if k in saved})
+    names = {}   # a tied weight (one tensor, two names) is stored once, under the name first in order, as save_model does
+    for name, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), (t, []))[1].append(name)
+    tensors = {min(group): t.detach().contiguous() for t, group in names.values()}
+    header = {'config': config, 'sha256': weights_digest(config, tensors), 'format': 'pt'}
+    try:
+        atomic_write(path, save(tensors, metadata=header))
+    except OSError as e:
+        raise write_failed(path, e, "nothing was written under that name", then="export again",
+                           elsewhere="a path") from None
     print(f"wrote {path}: {model.get_num_params():,} parameters of a {saved['residual']} model, step {saved.get('step')}")
 
 

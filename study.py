@@ -19,10 +19,14 @@ and starts a new one. A failed run stops the study with a message naming it and 
 SIGTERM, SIGUSR1 or Ctrl-C stop the study: the run in progress is told (SIGTERM), writes a checkpoint at
 its next log step and exits, and the study exits with code 75; the same command carries on. At the end,
 compare.py's paired tables of every run of the plan are written to one report file. A plan can also be
-a JSON file: a list of {"config", "seed", "out_dir", "overrides"} objects.
+a JSON file: a list of {"config", "seed", "out_dir", "overrides"} objects. Before anything runs, every
+entry is read as train.py will read it: a key a plan entry does not have, an override train.py does not
+know (or of the wrong type), one of the runner's own keys in overrides, or two entries with one out_dir
+refuse the plan, naming the entry.
 """
 
 import argparse
+import difflib
 import glob
 import json
 import os
@@ -34,14 +38,17 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from common import atomic_write_text, checkpoint_progress, has_eval, read_log
-from configurator import settings
+from common import MODEL_KEYS
+from configurator import configure
+from run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, is_finished,
+                       killed_before_first_checkpoint, read_config, read_log)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
 MORE_SEEDS = [6, 7, 8, 9, 10]   # the third set's seeds 6-10 (docs/results.md, "Ten pairs")
-EXIT_STOPPED = 75            # a run or the study stopped on a signal, checkpoint written: run it again
 EXTRA_PAIRS = [('rd_attnres', 'ctrl_heads')]   # compared side by side beyond each arm vs its parent
+PLAN_KEYS = ('config', 'seed', 'out_dir', 'overrides')   # an entry of a JSON plan
+RUNNER_KEYS = ('--seed', '--out_dir', '--init_from')     # what Run.argv sets itself: not for overrides
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,16 @@ def load_plan(name):
     if not name.endswith('.json'):
         raise SystemExit(f"unknown plan {name!r}: choose one of {', '.join(PLANS)}, or give a JSON plan file")
     def check(i, r):
-        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) and r[k] for k in ('config', 'out_dir')):
+        if not isinstance(r, dict):
+            raise ValueError(f"entry {i} is not an object with config and out_dir strings")
+        for key in r:   # a misspelt key would be ignored: the run would train something else than planned
+            if key not in PLAN_KEYS:
+                close = difflib.get_close_matches(key, PLAN_KEYS, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        f"train.py's keys go in overrides, as \"--{key}=...\"")
+                raise ValueError(f"entry {i} has the key {key!r}, which a plan entry does not have ({hint}); an "
+                                 f"entry's keys are {', '.join(PLAN_KEYS)}")
+        if not all(isinstance(r.get(k), str) and r[k] for k in ('config', 'out_dir')):
             raise ValueError(f"entry {i} is not an object with config and out_dir strings")
         if not isinstance(r.get('seed'), int) or isinstance(r['seed'], bool):
             raise ValueError(f"entry {i}: seed must be an integer, got {r.get('seed')!r}")
@@ -136,6 +152,7 @@ def load_plan(name):
         if not isinstance(rows, list) or not rows:
             raise ValueError(f"a {type(rows).__name__}{' with no runs' if rows == [] else ''}, not a list of runs")
         runs = [check(i, r) for i, r in enumerate(rows, 1)]
+        one_run_per_out_dir(runs)
     except (OSError, ValueError) as e:
         reason = e.strerror if isinstance(e, OSError) else str(e)
         raise SystemExit(f"{name}: not a plan file (a JSON list of objects with config, seed, out_dir and "
@@ -144,44 +161,64 @@ def load_plan(name):
     return runs, f'{stem}_report.md', lambda folder: (f'{folder}/results.json', f'{folder}/plots')
 
 
+def one_run_per_out_dir(runs):
+    """Two entries with one out_dir would be one run: the second taken as done (or as the first, continued)."""
+    first = {}
+    for i, run in enumerate(runs, 1):
+        j = first.setdefault(os.path.normpath(run.out_dir), i)
+        if j != i:
+            raise ValueError(f"entries {j} and {i} both have out_dir {run.out_dir!r}: the second would be taken as "
+                             "done, or as the first continued; give each run its own out_dir")
+
+
+def configs(name, runs, root, extra):
+    """Every run's configuration as train.py will read it (its config file, overrides and --extra: known keys
+    of the right types), before anything runs: a plan that fails at its fifth run has trained four for
+    nothing. The seed, out_dir and init_from are the runner's (Run.argv): not for overrides."""
+    from train import DEFAULTS
+    out = []
+    for i, run in enumerate(runs, 1):
+        where = f"{name}, entry {i} ({run.config} seed {run.seed} -> {run.out_dir})"
+        taken = [o for o in (*run.overrides, *extra) if o.split('=')[0] in RUNNER_KEYS]
+        if taken:
+            raise SystemExit(f"{where}: {taken[0]} is set by the plan itself (seed, out_dir; init_from=auto), not by "
+                             "overrides or --extra. Nothing was run.")
+        try:
+            out.append(configure(DEFAULTS, run.argv(root, extra)[1:]))
+        except SystemExit as e:
+            raise SystemExit(f"{where}: {str(e).rstrip('.')}{'' if str(e).endswith('?') else '.'} Nothing was run.") from None
+    return out
+
+
 # -----------------------------------------------------------------------------
 # Progress and the time estimate
 
-def is_finished(path):
-    """A run is finished when its log has the validation loss at its last step (max_iters): train.py logs
-    that row only once the final checkpoint is on disk. Where a checkpoint is there, it must say the same
-    (a log written by an older train.py, which logged the row first, can claim a save that failed)."""
+def run_state(path):
+    """What `train.py --init_from=auto` will do with an unfinished run's out_dir, as the dry run says it."""
     try:
-        with open(os.path.join(path, 'config.json')) as f:
-            max_iters = json.load(f)['max_iters']
-        rows = read_log(os.path.join(path, 'log.jsonl'))
-        logged = has_eval(rows, max_iters)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, SystemExit):
-        return False
-    ckpt = os.path.join(path, 'ckpt.pt')
-    return logged and (not os.path.exists(ckpt) or checkpoint_progress(ckpt) == (max_iters, max_iters))
-
-
-def logged_step(path):
-    """The last step in a run's log, or None if it has no log yet."""
-    try:
-        return max((r['step'] for r in read_log(os.path.join(path, 'log.jsonl')) if 'step' in r), default=None)
+        step = max((r['step'] for r in read_log(os.path.join(path, LOG))), default=None)
     except (OSError, SystemExit):
-        return None
+        step = None
+    if step is None:
+        return 'to run'
+    if os.path.exists(os.path.join(path, CHECKPOINT)):
+        return f'continues from its checkpoint (logged up to step {step})'
+    try:
+        again = killed_before_first_checkpoint(path, read_config(path))
+    except RunFileError:
+        again = False
+    return ('starts again (killed before its first checkpoint)' if again else
+            f'refused: logged up to step {step} but its {CHECKPOINT} is gone (docs/run_safety.md)')
 
 
-def run_flops(run, extra=()):
-    """Training + evaluation FLOPs of a run, from its config (the model built on the meta device, no memory)."""
+def run_flops(cfg):
+    """Training + evaluation FLOPs of a run, from its configuration (the model built on the meta device, no memory)."""
     import torch
     from model import GPT, GPTConfig
-    cfg = {k: v for k, v, _ in settings([os.path.join(HERE, run.config), *run.overrides, *extra])}
-    shape = {k: cfg[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'residual', 'attnres_block_size')
-             if k in cfg}
     with torch.device('meta'):
-        model = GPT(GPTConfig(**shape))
+        model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS}))
     train_tokens = cfg['max_iters'] * cfg['total_batch_size']
-    evals = cfg['max_iters'] // cfg.get('eval_interval', 250) + 1
-    eval_tokens = evals * cfg.get('eval_tokens', 10_485_760)
+    eval_tokens = (cfg['max_iters'] // cfg['eval_interval'] + 1) * cfg['eval_tokens']
     per_token = model.flops_per_token()
     return per_token * train_tokens + per_token / 3 * eval_tokens   # an evaluation is a forward pass
 
@@ -192,22 +229,21 @@ def format_hours(seconds):
 
 def dry_run(name, root, args, extra):
     runs = load_plan(name)[0]
+    cfgs = configs(name, runs, root, extra)
     gpus, peak, mfu = (given if given is not None else default for given, default in
                        zip((args.gpus, args.peak_flops, args.mfu), ESTIMATE.get(name, ESTIMATE['paper'])))
     total = pending = 0.0
     print(f"{len(runs)} runs; time estimated from FLOPs at {gpus} x {peak / 1e12:g} TFLOP/s x {100 * mfu:g}% MFU "
           "(an estimate, not a measurement; --gpus, --peak_flops, --mfu change it)")
-    for i, run in enumerate(runs, 1):
+    for i, (run, cfg) in enumerate(zip(runs, cfgs), 1):
         path = os.path.join(root, run.out_dir)
-        seconds = run_flops(run, extra) / (gpus * peak * mfu)
+        seconds = run_flops(cfg) / (gpus * peak * mfu)
         total += seconds
         if is_finished(path):
             state = 'done'
         else:
             pending += seconds
-            step = logged_step(path)
-            state = ('to run' if step is None else f'continues from its checkpoint (logged up to step {step})'
-                     if os.path.exists(os.path.join(path, 'ckpt.pt')) else 'starts again (no checkpoint yet)')
+            state = run_state(path)
         print(f"{i:3d}. {run.config} seed {run.seed} {' '.join(run.overrides)} -> {run.out_dir}: {state}, "
               f"~{format_hours(seconds)}")
     print(f"estimated: {format_hours(total)} in all, {format_hours(pending)} still to run")
@@ -275,6 +311,7 @@ def tail(path, n=15):
 
 def run_plan(name, root, launcher, extra, report_after=True):
     runs, report_file, _ = load_plan(name)
+    configs(name, runs, root, extra)
     stop = Stop()
     for i, run in enumerate(runs, 1):
         path = os.path.join(root, run.out_dir)
@@ -321,9 +358,12 @@ def report(name, root='.', plots=True):
     own = {os.path.abspath(os.path.join(root, p)) for p in [report_file, *(q for f in folders for q in outputs(f))]}
     own |= {p + '.tmp' for p in own}
     for folder in folders:
-        paths = sorted(os.path.relpath(p) for p in glob.glob(os.path.join(root, folder, '*'))   # (as written in the report)
+        # the paths as the report writes them: relative to the root, wherever the command was run from
+        paths = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, folder, '*'))
                        if os.path.abspath(p) not in own)
-        loaded, skipped = compare.load_runs(paths)
+        loaded, skipped = compare.load_runs([os.path.join(root, p) for p in paths])
+        loaded = [dict(r, path=os.path.relpath(r['path'], root)) for r in loaded]
+        skipped = [(os.path.relpath(p, root), why) for p, why in skipped]
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
         sections.append(f"## {folder}\n")
         sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
@@ -340,7 +380,7 @@ def report(name, root='.', plots=True):
             if plots:
                 compare.plot(results, groups, plot_dir)
     text = '\n'.join(sections)
-    atomic_write_text(os.path.join(root, report_file), text)
+    atomic_write(os.path.join(root, report_file), text)
     print(text)
     print(f"wrote {os.path.join(root, report_file)}")
     return 0
@@ -371,7 +411,7 @@ def corpus():
     bible = kjv_chapters()
     os.makedirs(os.path.join(HERE, 'data', 'study_src'), exist_ok=True)
     path = os.path.join(HERE, 'data', 'study_src', 'corpus.jsonl')
-    atomic_write_text(path, ''.join(json.dumps({'text': text}) + '\n' for text in docs + bible))
+    atomic_write(path, ''.join(json.dumps({'text': text}) + '\n' for text in docs + bible))
     print(f"{path}: {len(docs)} Python documentation pages + {len(bible)} Bible chapters")
     subprocess.run([sys.executable, os.path.join(HERE, 'prepare.py'), '--input', path, '--name', 'study',
                     '--val_fraction', '0.05', '--data_dir', os.path.join(HERE, 'data')], check=True)

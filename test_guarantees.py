@@ -15,6 +15,7 @@ import torch
 
 import compare
 import prepare
+import run_files
 from test_prepare import DOCS, write_jsonl
 from test_preempt import logged_steps, start
 from test_train import HERE, TINY, read_log, run
@@ -251,6 +252,37 @@ def test_ctrl_c_is_a_message(data_dir, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and 'interrupted (Ctrl-C)' in stderr and 'Traceback' not in stderr, stderr[-1500:]
+
+
+def test_ctrl_c_twice_during_a_checkpoint_write_is_one_message(data_dir, tmp_path):
+    # the second Ctrl-C 10 ms after the first, both while the checkpoint is written (a wide model: ~160 MB to
+    # write): it ended in a raw traceback from an exit handler, and left the partial ckpt.pt.tmp behind
+    out = tmp_path / 'run'
+    args = ['--n_embd=256', '--max_iters=6', '--eval_interval=2', '--lr_decay_iters=6']
+    proc = start(args, data_dir, str(out))
+    tmp, deadline = out / 'ckpt.pt.tmp', time.time() + 300
+    while not ((out / 'ckpt.pt').exists() and tmp.exists()):         # the second checkpoint's write has begun
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.0005)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and 'interrupted (Ctrl-C): the last checkpoint' in stderr, stderr[-2000:]
+    assert 'Traceback' not in stderr and 'Exception ignored' not in stderr, stderr[-2000:]
+    assert not tmp.exists() and run_files.checkpoint_progress(str(out / 'ckpt.pt')) in ((2, 6), (4, 6))
+    run([*args, '--init_from=auto'], data_dir, str(out))               # and the run carries on to its end
+    assert sorted(read_log(str(out))[1]) == [0, 2, 4, 6]
+
+
+def test_a_full_disk_before_preparing_is_said_and_leaves_nothing(tmp_path):
+    # no room even for the lock file's line (0 bytes free): not "a --data_dir this user can write to" (it is
+    # not a permission problem), and no empty prepare.lock left in a folder the build created
+    cmd = [sys.executable, os.path.join(HERE, 'prepare.py'), '--dataset', 'tiny', '--data_dir', str(tmp_path / 'data')]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size(0))
+    assert p.returncode != 0 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+    assert 'could not write the prepared data' in p.stderr and 'MB free' in p.stderr and 'this user' not in p.stderr
+    assert not os.path.exists(tmp_path / 'data' / 'tiny')
 
 
 def test_compare_says_what_one_pair_and_two_shapes_mean(tmp_path, capsys):

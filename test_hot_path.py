@@ -14,6 +14,7 @@ import torch
 
 import common
 import run_control
+import run_files
 import train
 from test_train import TINY, read_log, run
 
@@ -130,7 +131,7 @@ def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path):
              '--eval_interval=5'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and f'{run_control.MAX_SKIPPED_STEPS} steps in a row' in p.stderr, p.stderr[-1500:]
     # skipped steps leave the weights as they were: what was saved before the stop is still good
-    ckpt = common.load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    ckpt = run_files.load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['step'] < 25 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
 
 

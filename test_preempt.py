@@ -12,7 +12,7 @@ import time
 import torch
 
 import run_control
-import run_dir
+import run_files
 import train
 from test_train import HERE, TINY, read_log, run
 
@@ -108,13 +108,13 @@ def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
     full = str(tmp_path / 'full')
     run(['--lr_decay_iters=4'], data_dir, full)
     assert_same_run(out, full)
-    before = {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
+    before = {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
     p = run(args, data_dir, out)                                          # finished: nothing to do
     assert 'already finished at step 4' in p.stdout
-    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
     p = run(args + ['--seed=2'], data_dir, out, expect_ok=False)         # another run: refused
     assert p.returncode != 0 and 'cannot resume' in p.stderr and 'seed' in p.stderr
-    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_dir.RUN_FILES}
+    assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
 
 
 def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_path):

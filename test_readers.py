@@ -9,14 +9,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-import common
 import compare
 import prepare
+import run_files
 import study
 from test_compare import make_run
 from test_guarantees import limit_file_size, python
@@ -144,7 +145,7 @@ def test_two_builds_into_one_folder_never_mix(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# config.json and log.jsonl (compare.load_run, study.is_finished, train.py --init_from=auto)
+# config.json and log.jsonl (run_files.read_config, read_log: compare.load_run, study.py, train.py --init_from=auto)
 
 BAD_CONFIGS = {'missing': None, 'empty': b'', 'truncated': b'{"residual": "attnres", "se', 'not UTF-8': b'\xff\xfe{}',
                'a list': b'[1, 2]', 'another program': b'{"model": "bert"}'}
@@ -188,17 +189,64 @@ def test_train_refuses_a_run_whose_config_cannot_be_read(data_dir, tmp_path, con
     assert (out / 'config.json').read_bytes() == content                # nothing removed
 
 
+@pytest.mark.parametrize('run_name', ['half', 'finished'])   # (finished: its final row is missing, and written again)
 @pytest.mark.parametrize('content', list(BAD_LOGS.values())[1:], ids=list(BAD_LOGS)[1:])
-def test_a_resume_with_a_bad_log_is_a_message(data_dir, tmp_path, runs, content):
-    out = copy_run(runs, 'half', tmp_path)
+def test_a_resume_with_a_bad_log_is_a_message(data_dir, tmp_path, runs, content, run_name):
+    out = copy_run(runs, run_name, tmp_path)
     (out / 'log.jsonl').write_bytes(content)
     text = message_of(train_here, data_dir, out, '--max_iters=4', '--init_from=auto')
     assert 'log.jsonl, line ' in text and 'fix or remove that line' in text
     assert (out / 'log.jsonl').read_bytes() == content
 
 
+def test_a_torn_last_line_is_set_aside_before_the_next_row(data_dir, runs, tmp_path):
+    # a run killed while appending its final row, then the documented recovery: --init_from=auto (the row is
+    # written again), or an eval_only evaluation of its checkpoint (one row more). Each appends after the torn
+    # bytes, which used to glue the new row to them: a bad line in the middle, a run no reader would take.
+    out = copy_run(runs, 'finished', tmp_path)
+    log, aside = out / 'log.jsonl', out / 'log.jsonl.torn'
+    whole = log.read_bytes()
+    final = whole.rstrip(b'\n').rsplit(b'\n', 1)[1]
+    log.write_bytes(whole[:-len(final) - 1] + final[:len(final) // 2])
+    assert not study.is_finished(str(out))
+    with pytest.warns(UserWarning, match='torn last line .* was moved to .*log.jsonl.torn'):
+        assert train_here(data_dir, out, '--init_from=auto', '--max_iters=4') == 0
+    assert log.read_bytes() == whole and aside.read_bytes() == final[:len(final) // 2] + b'\n'
+    assert study.is_finished(str(out)) and compare.load_run(str(out))['evals'][4]
+    with open(log, 'ab') as f:
+        f.write(b'{"step": 5, "train_loss": 3.1, "lr"')              # killed again, mid-row
+    with pytest.warns(UserWarning, match='was moved to'):
+        assert train_here(data_dir, out, '--init_from=resume', '--eval_only=True') == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')                               # no torn line left to drop
+        rows = run_files.read_log(str(log))
+    assert rows[-1]['eval_only'] and rows[-1]['step'] == 4 and study.is_finished(str(out))
+    assert aside.read_bytes().endswith(b'{"step": 5, "train_loss": 3.1, "lr"\n')
+    # a whole row whose newline the kill cut off is a row (its readers keep it): it gets its newline
+    with open(log, 'rb+') as f:
+        f.truncate(len(log.read_bytes()) - 1)
+    run_files.append_log(str(log), dict(step=5))
+    assert [r['step'] for r in run_files.read_log(str(log))][-2:] == [4, 5] and aside.read_bytes().count(b'\n') == 2
+
+
+def test_eval_only_from_a_checkpoint_holds_the_out_dir(data_dir, runs, tmp_path):
+    # it appends to the log (and repairs its tail): a writer, so not while another process writes there
+    out = copy_run(runs, 'finished', tmp_path)
+    hold = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); f.write('pid 1: a test\\n'); " \
+           "f.flush(); print('held', flush=True); time.sleep(300)"
+    holder = subprocess.Popen([sys.executable, '-c', hold, str(out / 'run.lock')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        before = (out / 'log.jsonl').read_bytes()
+        text = message_of(train_here, data_dir, out, '--init_from=resume', '--eval_only=True')
+        assert 'is in use by another run (pid 1: a test)' in text and (out / 'log.jsonl').read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # ---------------------------------------------------------------------------------------------
-# Checkpoints (train.py resume, sample.py, study.is_finished) and .safetensors weights (sample.py)
+# Checkpoints (run_files.load_checkpoint: train.py resume, sample.py; is_finished) and .safetensors weights (sample.py)
 
 def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path, runs):
     out = copy_run(runs, 'half', tmp_path)
@@ -214,7 +262,7 @@ def test_a_checkpoint_that_is_not_one_is_a_message(data_dir, tmp_path, runs):
                       'a model of numbers': dict(model={'w': 1}, optimizer={}, scaler={}, step=2, best_val_loss=1.0,
                                                  config={}, rng={})}.items():
         if isinstance(obj, dict):
-            common.save_checkpoint(obj, str(ckpt))   # (with a valid checksum: only the content is wrong)
+            run_files.save_checkpoint(obj, str(ckpt))   # (with a valid checksum: only the content is wrong)
         else:
             torch.save(obj, str(ckpt))
         text = message_of(train_here, data_dir, out, '--max_iters=4', '--init_from=auto')
@@ -260,6 +308,27 @@ def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(runs, tmp_
     assert 'does not hold the weights' in no_traceback(python('sample.py', f'--weights={weights}', '--device=cpu'))
 
 
+def test_an_exported_file_edited_after_its_export_is_refused(runs, tmp_path):
+    # the header's configuration and the tensors carry a digest: an edit that still fits the tensors (another
+    # attnres_block_size, another mode with the same tensors, a context too big to build) or a changed weight
+    # is a message, not a model that samples something else
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    with safe_open(str(runs / 'w.safetensors'), framework='pt') as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    header, weights, name = json.loads(meta['config']), tmp_path / 'w.safetensors', 'transformer.h.0.attn.c_v.weight'
+    args = [f'--weights={weights}', '--device=cpu', '--num_samples=1', '--max_new_tokens=2']
+    for edit, changed in [(dict(attnres_block_size=1), tensors), (dict(residual='ctrl_fixed_v'), tensors),
+                          (dict(block_size=2 ** 30), tensors), ({}, dict(tensors, **{name: tensors[name] * 1.01}))]:
+        save_file(changed, str(weights), metadata=dict(meta, config=json.dumps(dict(header, **edit))))
+        assert 'was changed after it was exported' in message_of(sample.main, args), edit
+    # one exported before files carried a digest: a warning; a model too big for this machine is a message
+    save_file(tensors, str(weights), metadata={'config': json.dumps(dict(header, block_size=2 ** 40)), 'format': 'pt'})
+    with pytest.warns(UserWarning, match='has no digest'):
+        assert 'cannot be built here' in message_of(sample.main, args)
+    assert 'cannot be built here' in no_traceback(python('sample.py', *args))
+
+
 # ---------------------------------------------------------------------------------------------
 # Plans, config files, prompt files
 
@@ -269,6 +338,13 @@ def test_weights_with_a_tensor_renamed_reshaped_or_recast_are_refused(runs, tmp_
     (b'[{"config": "config/quickstart.py", "seed": "1", "out_dir": "a"}]', "seed must be an integer, got '1'"),
     (b'[{"config": "config/quickstart.py", "seed": 1, "out_dir": "a", "overrides": "--x=1"}]', 'overrides must be a list'),
     (b'["config/quickstart.py"]', 'entry 1 is not an object'),
+    (b'[{"config": "config/quickstart.py", "seed": 1, "out_dir": "a", "overides": ["--max_iters=20"]}]',
+     "entry 1 has the key 'overides', which a plan entry does not have (did you mean 'overrides'?); an entry's keys "
+     "are config, seed, out_dir, overrides"),
+    (b'[{"config": "config/quickstart.py", "seed": 1, "out_dir": "a", "max_iters": 20}]',
+     """the key 'max_iters', which a plan entry does not have (train.py's keys go in overrides, as "--max_iters=...")"""),
+    (b'[{"config": "config/quickstart.py", "seed": 1, "out_dir": "runs/a"}, '
+     b'{"config": "config/quickstart.py", "seed": 2, "out_dir": "runs/./a"}]', "entries 1 and 2 both have out_dir"),
 ])
 def test_a_bad_plan_file_is_a_message(tmp_path, content, message):
     path = tmp_path / 'plan.json'
@@ -276,6 +352,23 @@ def test_a_bad_plan_file_is_a_message(tmp_path, content, message):
         path.write_bytes(content)
     text = message_of(study.load_plan, str(path))
     assert 'not a plan file' in text and message in text
+
+
+@pytest.mark.parametrize('second, message', [
+    (dict(out_dir='runs/a'), "entries 1 and 2 both have out_dir 'runs/a'"),     # seed 2 would be "done already"
+    (dict(overides=['--max_iters=2']), "the key 'overides'"),                   # it would train the config's defaults
+    (dict(overrides=['--max_iter=2']), "unknown config key 'max_iter'"),
+    (dict(overrides=['--n_layer=two']), "config key 'n_layer' in --n_layer must be a int"),
+    (dict(overrides=['--out_dir=elsewhere']), '--out_dir=elsewhere is set by the plan itself'),
+])
+def test_a_plan_is_refused_before_anything_runs(tmp_path, second, message):
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps([dict(config='config/quickstart.py', seed=1, out_dir='runs/a', overrides=['--max_iters=2']),
+                                dict(dict(config='config/quickstart.py', seed=2, out_dir='runs/b'), **second)]))
+    for dry in (['--dry_run'], []):
+        text = message_of(study.main, ['run', str(plan), '--root', str(tmp_path / 'root'), *dry])
+        assert message in text and ('entry 2' in text or 'entries 1 and 2' in text), text
+    assert not (tmp_path / 'root').exists()
 
 
 def test_a_launcher_that_cannot_start_is_a_message(tmp_path):
@@ -330,7 +423,7 @@ def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoi
     assert proc.returncode == 75, stderr[-2000:]
     stopped = int(stdout.split('stopped by SIGTERM at step ')[1].split(':')[0])
     assert stopped % 5 == 0 and f'checkpoint written to {out}/ckpt.pt' in stdout       # an eval step
-    assert common.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (stopped, 400)
+    assert run_files.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (stopped, 400)
     resumed = run([*args, '--init_from=auto', f'--max_iters={stopped + 5}'], data_dir, out)
     assert f'resumed at step {stopped}' in resumed.stdout
 
@@ -342,9 +435,9 @@ def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir,
            '--max_iters=4', '--init_from=auto']
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(2_000_000))
     assert 'could not write the checkpoint' in no_traceback(p)
-    assert common.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (2, 2)
+    assert run_files.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (2, 2)
     assert not study.is_finished(out)                       # the final evaluation is logged after its checkpoint
-    assert 4 not in {r['step'] for r in common.read_log(os.path.join(out, 'log.jsonl')) if 'val_loss' in r}
+    assert 4 not in {r['step'] for r in run_files.read_log(os.path.join(out, 'log.jsonl')) if 'val_loss' in r}
     run(['--max_iters=4', '--init_from=auto'], data_dir, out)
     assert study.is_finished(out)
 
@@ -368,11 +461,11 @@ def test_free_space_is_measured_once_the_partial_checkpoint_is_gone(tmp_path, mo
         f.flush()
         raise RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 832 vs 726')
     monkeypatch.setattr(torch, 'save', save_until_full)
-    text = message_of(common.save_checkpoint, dict(w=torch.zeros(4)), str(tmp_path / 'ckpt.pt'))
+    text = message_of(run_files.save_checkpoint, dict(w=torch.zeros(4)), str(tmp_path / 'ckpt.pt'))
     said = float(text.split(' MB free')[0].rsplit(' has ', 1)[1].replace(',', ''))
     free = shutil.disk_usage(tmp_path).free / 1e6
     assert abs(said - free) < size / 2e6, text            # within 32 MB of the truth, not 64 MB short of it
-    assert '67.1 MB were written' in text and os.listdir(tmp_path) == []
+    assert 'the partial file was removed' in text and os.listdir(tmp_path) == []
 
 
 def test_a_full_disk_while_logging_is_a_message(data_dir, tmp_path):
@@ -382,15 +475,21 @@ def test_a_full_disk_while_logging_is_a_message(data_dir, tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(6000))
     assert 'could not write' in no_traceback(p) and 'log.jsonl' in p.stderr and 'MB free' in p.stderr
     assert 0 < os.path.getsize(out / 'log.jsonl') <= 6000 and (out / 'config.json').exists()
+    # before its first checkpoint: it says that there is none (not that one "is kept"), and auto starts it again
+    assert not (out / 'ckpt.pt').exists() and 'no checkpoint was written' in p.stderr and 'is kept' not in p.stderr
+    assert subprocess.run(cmd[:-4] + ['--max_iters=2', '--lr_decay_iters=40', '--eval_interval=40', '--init_from=auto'],
+                          capture_output=True, cwd=HERE, timeout=600).returncode == 0
+    assert [r['step'] for r in run_files.read_log(str(out / 'log.jsonl'))] == [0, 1, 2, 2]
 
 
 def test_auto_never_removes_a_finished_run_whose_checkpoint_is_gone(data_dir, runs, tmp_path):
     out = copy_run(runs, 'finished', tmp_path)
     (out / 'ckpt.pt').unlink()
     before = {n: (out / n).read_bytes() for n in ('config.json', 'log.jsonl')}
-    for init in ('auto', 'scratch'):
+    for init in ('auto', 'scratch', 'resume'):
         text = message_of(train_here, data_dir, out, f'--init_from={init}')
         assert '--overwrite=True' in text and 'ckpt.pt is gone' in text
+        assert 'killed before its first checkpoint' not in text      # (resume said so of a finished run)
         assert {n: (out / n).read_bytes() for n in before} == before
     assert train_here(data_dir, out, '--init_from=scratch', '--overwrite=True') == 0   # told to: replaced
 

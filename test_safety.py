@@ -15,9 +15,9 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 import pytest
 import torch
 
-import common
 import prepare
 import run_control
+import run_files
 import train
 from test_prepare import DOCS, write_jsonl
 from test_train import HERE, read_log, run
@@ -67,7 +67,7 @@ def test_eval_only_on_a_checkpoint_evaluates_logs_and_touches_nothing(data_dir, 
     ckpt, config = (open(os.path.join(out, n), 'rb').read() for n in ('ckpt.pt', 'config.json'))
     p = run(['--max_iters=4', '--init_from=resume', '--eval_only=True'], data_dir, out)
     assert 'eval_only' in p.stdout
-    rows = common.read_log(os.path.join(out, 'log.jsonl'))
+    rows = run_files.read_log(os.path.join(out, 'log.jsonl'))
     assert rows[-1]['eval_only'] is True and rows[-1]['step'] == 2
     assert rows[-1]['val_loss'] == pytest.approx(read_log(out)[1][2]['val_loss'], rel=1e-6)
     assert max(r['step'] for r in rows) == 2                                    # nothing was trained
@@ -90,12 +90,13 @@ def test_a_torn_last_log_line_is_dropped_on_resume(data_dir, tmp_path):
         f.write('{"step": 5, "train_loss": 3.1, "lr"')              # the process was killed mid-write
     p = run(['--max_iters=6', '--lr_decay_iters=8', '--eval_interval=2', '--init_from=resume'], data_dir, out)
     assert 'torn last line' in p.stderr
-    rows = common.read_log(log)                                      # (raises on any bad line)
+    rows = run_files.read_log(log)                                   # (raises on any bad line)
     assert sorted(r['step'] for r in rows if 'train_loss' in r) == [1, 2, 3, 4, 5, 6]
+    assert open(log + '.torn').read() == '{"step": 5, "train_loss": 3.1, "lr"\n'   # the torn bytes, set aside
     with open(log, 'a') as f:
         f.write('{"step": 7}\nnot json\n{"step": 8}\n')              # damage elsewhere is an error, with the line
     with pytest.raises(SystemExit, match=r'log.jsonl, line \d+: not valid JSON'):
-        common.read_log(log)
+        run_files.read_log(log)
 
 
 def test_a_damaged_checkpoint_is_refused_and_left_as_it_is(data_dir, tmp_path):
@@ -113,13 +114,13 @@ def test_a_damaged_checkpoint_is_refused_and_left_as_it_is(data_dir, tmp_path):
 
 def test_checksum_covers_every_tensor_and_value():
     state = dict(model={'w': torch.arange(6.0).reshape(2, 3)}, step=3, rng=(1, [2, 3]))
-    digest = common.content_digest(state)
-    assert digest == common.content_digest(dict(model={'w': torch.arange(6.0).reshape(2, 3)}, step=3, rng=(1, [2, 3])))
-    assert digest != common.content_digest(dict(state, step=4))
-    assert digest != common.content_digest(dict(state, model={'w': torch.arange(6.0).reshape(3, 2)}))
+    digest = run_files.content_digest(state)
+    assert digest == run_files.content_digest(dict(model={'w': torch.arange(6.0).reshape(2, 3)}, step=3, rng=(1, [2, 3])))
+    assert digest != run_files.content_digest(dict(state, step=4))
+    assert digest != run_files.content_digest(dict(state, model={'w': torch.arange(6.0).reshape(3, 2)}))
     changed = torch.arange(6.0).reshape(2, 3)
     changed[1, 2] = torch.nextafter(changed[1, 2], torch.tensor(10.0))   # one bit of one number
-    assert digest != common.content_digest(dict(state, model={'w': changed}))
+    assert digest != run_files.content_digest(dict(state, model={'w': changed}))
 
 
 def test_resume_refuses_data_from_another_build(data_dir, tmp_path):

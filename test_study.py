@@ -152,6 +152,23 @@ def test_runs_of_a_study_share_one_compile_cache(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
+def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, capsys):
+    from test_compare import make_run
+    root = tmp_path / 'root'
+    for seed in (1, 2):
+        make_run(str(root / 'runs'), f'standard_s{seed}', 'standard', seed, 3.4)
+        make_run(str(root / 'runs'), f'attnres_s{seed}', 'attnres', seed, 3.3)
+    (root / 'runs' / 'notes').mkdir()                                  # not a run: listed as skipped
+    plan = mini_plan(tmp_path / 'plan.json', [(mode, seed) for seed in (1, 2) for mode in ('standard', 'attnres')])
+    reports = []
+    for cwd in (root, tmp_path, HERE):
+        monkeypatch.chdir(cwd)
+        assert study.report(plan, str(root), plots=False) == 0
+        reports.append((root / 'plan_report.md').read_text())
+    assert reports[0] == reports[1] == reports[2] and '### attnres vs standard' in reports[0]
+    assert '- runs/notes: no config.json' in reports[0]
+
+
 # scripts/slurm_study.sh, with stand-ins for srun and scontrol
 
 SLURM = os.path.join(HERE, 'scripts', 'slurm_study.sh')

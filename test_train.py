@@ -15,7 +15,7 @@ import torch
 
 import common
 import train
-from common import load_checkpoint, save_checkpoint
+from run_files import load_checkpoint, save_checkpoint
 from configurator import configure
 
 HERE = os.path.dirname(os.path.abspath(__file__))

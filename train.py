@@ -10,9 +10,10 @@ one global sequence of training windows, a permutation keyed by the seed; step s
 [s*W, (s+1)*W) of it (W = total_batch_size / block_size) and the ranks split them, so the order
 depends neither on the number of processes nor on the micro-batch size.
 
-This file is the loop. What a run keeps in out_dir (claiming it, resuming, config.json, log.jsonl,
-checkpoints) is in run_dir.py; the checks around the loop (the configuration, stop signals, divergence)
-are in run_control.py. On a GPU step the loop never waits for the device; compiled calls see one shape.
+This file is the loop. How a run claims its out_dir, resumes and records itself is in run_dir.py, the
+files it keeps there (config.json, log.jsonl, checkpoints) in run_files.py; the checks around the loop
+(the configuration, stop signals, Ctrl-C, divergence) are in run_control.py. On a GPU step the loop
+never waits for the device; compiled calls see one shape.
 """
 
 import inspect
@@ -25,14 +26,15 @@ from dataclasses import dataclass
 
 import torch
 
-from common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_device, resolve_dtype, rng_states,
-                    schedule_length, step_windows, tune_cpu_allocator, windows_hash)
+from common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_device, resolve_dtype, schedule_length,
+                    step_windows, tune_cpu_allocator, windows_hash)
 from configurator import configure
 from model import GPT, GPTConfig
 from routing import routing_summary
-from run_control import (EXIT_STOPPED, SkippedSteps, StopSignals, batch_arithmetic, check_in, fix_schedule, open_data,
+from run_control import (SkippedSteps, StopSignals, batch_arithmetic, check_in, ctrl_c, fix_schedule, open_data,
                          validate)
-from run_dir import RunRecord, claim_out_dir, fail, kept_checkpoint, logged_eval, print_run_summary, print_step, resume
+from run_dir import RunRecord, claim_out_dir, fail, print_run_summary, print_step, resume
+from run_files import EXIT_STOPPED, is_finished, kept_checkpoint, rng_states
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -147,15 +149,12 @@ def main(argv):
     validate(cfg)          # every key and the device, before anything is written
     procs = start_processes(cfg)
     try:
-        code = train(cfg, procs)
-        if procs.ddp:
-            # every rank leaves together: one that tears its process group down while rank 0 still writes
-            # the last checkpoint can abort (gloo: SIGABRT), and torchrun then reports the run as failed
-            torch.distributed.barrier()
-    except KeyboardInterrupt:
-        raise SystemExit(f"interrupted (Ctrl-C): nothing after the last checkpoint in {cfg['out_dir']} is kept. "
-                         "To continue: the same command with --init_from=auto. (SIGTERM instead of Ctrl-C "
-                         "stops at the next log step with a checkpoint.)") from None
+        with ctrl_c(cfg['out_dir']):   # a message, not a traceback, however many times it is pressed
+            code = train(cfg, procs)
+            if procs.ddp:
+                # every rank leaves together: one that tears its process group down while rank 0 still writes
+                # the last checkpoint can abort (gloo: SIGABRT), and torchrun then reports the run as failed
+                torch.distributed.barrier()
     finally:
         # also on an error: a rank that leaves without this makes the others hang until NCCL times out
         if procs.ddp and torch.distributed.is_initialized():
@@ -310,7 +309,8 @@ def train(cfg, procs):
         evaluate_log_save(checkpoint=False)
         return 0
     if saved and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
-        if step == saved['max_iters'] and not logged_eval(cfg, step):   # killed between the final save and its row
+        if step == saved['max_iters'] and not is_finished(cfg['out_dir']):   # killed between the final save and its row
+            record.rewind(step)
             evaluate_log_save(checkpoint=False)
         elif master:
             print(f"{cfg['out_dir']}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to "
