@@ -28,15 +28,19 @@ worth some marks, earned when all of its probes match. The grader, its inputs an
 
 import argparse
 import csv
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXIT_NOT_GRADED = 3   # grade's exit status when a submission could not be graded (0: all full marks, 1: some not)
 
 
 ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the grader: course_grader.py
@@ -60,16 +64,20 @@ ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the
             task="mean and sample sd (n - 1) of the paired differences, the 95% t-interval half-width, the wins "
                  "(delta < 0), and the exact two-sided sign test; with one pair the sd and interval are NaN"),
 }
-# What a handout holds: the files a student reads, runs and is tested with; nothing else (no grader, no
-# hidden checks, no measurements or probes that might hold another way to write an answer).
-HANDOUT_FILES = ('README.md', 'COURSE.md', 'requirements.txt', 'pytest.ini', 'conftest.py', '.gitignore',
-                 'model.py', 'routing.py', 'common.py', 'compare.py', 'configurator.py', 'prepare.py', 'train.py',
-                 'run_dir.py', 'run_control.py', 'sample.py', 'course.py', 'test_model.py', 'test_compare.py',
-                 'test_train.py', 'config/', 'docs/')
+# What a handout holds: the project (its code, tests, configs and docs, so that its own suite runs and every
+# file it names is there), but the instructor's kit (the grader, the sandbox's worker, the hidden checks and the
+# kit's own tests) and the study's runs and measurements (data, not code: large, and of no use to an answer).
+# The instructor's part of COURSE.md is cut from a handout's copy (INSTRUCTORS_PART on).
+INSTRUCTOR_ONLY = ('course_grader.py', 'course_worker.py', 'test_hidden.py', 'test_course.py', 'test_course_check.py')
+NOT_HANDED_OUT = ('results/', 'study/')
+INSTRUCTORS_PART = '\n## For instructors\n'
 # What the sandbox of a grading run holds: the modules the probes import, and the worker
-GRADING_FILES = ('model.py', 'routing.py', 'common.py', 'compare.py', 'course_worker.py')
+GRADING_FILES = ('model.py', 'routing.py', 'common.py', 'run_files.py', 'compare.py', 'course_worker.py')
 BEGIN = re.compile(r'^(\s*)### BEGIN SOLUTION (\d+)\s*$')
 END = re.compile(r'^\s*### END SOLUTION\s*$')
+# code that computes what assignment n asks a second way (two_phase_read.py): given with n's solution
+WITH_BEGIN = re.compile(r'^(\s*)### BEGIN WITH SOLUTION (\d+)\s*$')
+WITH_END = re.compile(r'^\s*### END WITH SOLUTION\s*$')
 ANSWER_BEGIN = re.compile(r'^(\s*)### BEGIN YOUR CODE \(assignment (\d+)\)\s*$')
 ANSWER_END = re.compile(r'^\s*### END YOUR CODE \(assignment (\d+)\)\s*$')
 
@@ -105,22 +113,31 @@ def regions(text, begin=BEGIN, end=END):
     return found
 
 
+def not_written(n):
+    """The message of a stub of assignment n: what every test that needs it fails with."""
+    return f"assignment {n}: not written yet ({ASSIGNMENTS[n]['task']})"
+
+
 def stub(text, first):
     """The file's text with the regions of assignments >= first replaced by a stub between YOUR CODE
-    markers; the solutions of the earlier ones stay, without their markers."""
+    markers (and their WITH SOLUTION regions by a plain stub); the solutions of the earlier ones stay,
+    without their markers."""
     lines, out, skipping = text.split('\n'), [], False
     for line in lines:
-        m = BEGIN.match(line)
+        m, w = BEGIN.match(line), WITH_BEGIN.match(line)
         if m and int(m.group(2)) >= first:
             indent, n = m.group(1), int(m.group(2))
             out += [f"{indent}### BEGIN YOUR CODE (assignment {n})",
                     f"{indent}# (assignment {n}, COURSE.md; check it with: python course.py check {n})",
-                    f'{indent}raise NotImplementedError("assignment {n}: {ASSIGNMENTS[n]["task"]}")',
+                    f'{indent}raise NotImplementedError({not_written(n)!r})',
                     f"{indent}### END YOUR CODE (assignment {n})"]
             skipping = True
-        elif END.match(line):
+        elif w and int(w.group(2)) >= first:
+            out.append(f'{w.group(1)}raise NotImplementedError({not_written(int(w.group(2)))!r})')
+            skipping = True
+        elif END.match(line) or WITH_END.match(line):
             skipping = False
-        elif not m and not skipping:
+        elif not (m or w) and not skipping:
             out.append(line)
     return '\n'.join(out)
 
@@ -131,9 +148,9 @@ def files_of(n, root=HERE):
 
 
 def handout_files(root=HERE):
-    """The project's files that go into a handout (HANDOUT_FILES)."""
-    return [f for f in project_files(root) if f in HANDOUT_FILES or
-            any(d.endswith('/') and f.startswith(d) for d in HANDOUT_FILES)]
+    """The project's files that go into a handout: all but INSTRUCTOR_ONLY and NOT_HANDED_OUT."""
+    return [f for f in project_files(root) if os.path.basename(f) not in INSTRUCTOR_ONLY
+            and not f.startswith(NOT_HANDED_OUT)]
 
 
 def handout(n, out_dir):
@@ -148,6 +165,10 @@ def handout(n, out_dir):
         if f.endswith('.py'):
             with open(src) as fin, open(dst, 'w') as fout:
                 fout.write(stub(fin.read(), n))
+        elif f == 'COURSE.md':   # the students' page: the instructor's part is the instructor's
+            with open(src) as fin, open(dst, 'w') as fout:
+                fout.write(fin.read().split(INSTRUCTORS_PART)[0].rstrip('\n') + '\n\n(The instructor\'s part of '
+                           'this page, how grading works, is in the instructor\'s copy of the project.)\n')
         else:
             shutil.copy2(src, dst)
     todo = ', '.join(str(a) for a in ASSIGNMENTS if a >= n)
@@ -163,38 +184,84 @@ def test_files(n, directory):
                   and f'pytest.mark.assignment{n}\n' in open(os.path.join(directory, f)).read())
 
 
-def check(n, directory='.'):
-    """A student's check: the public tests of assignment n, in the student's copy."""
-    return subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m',
-                           f'assignment{n} and not hidden', *test_files(n, directory)], cwd=directory).returncode
+def check(n, directory='.', first=False, **run):
+    """A student's check: the public tests of assignment n, in the student's copy (with first: stop at the first
+    failure). Returns pytest's exit status (0: every test passed), or with `run` (subprocess.run's arguments)
+    the completed process."""
+    p = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *(['-x'] if first else []),
+                        '-m', f'assignment{n} and not hidden', *test_files(n, directory)], cwd=directory, **run)
+    return p if run else p.returncode
 
 
 # -----------------------------------------------------------------------------
 # Grading: the student's marked lines in a copy of the graded files; their code runs only in a sandbox
 
-def answers(path, n):
-    """The bodies of assignment n's YOUR CODE regions of a student's file, in order."""
-    with open(path, errors='replace') as f:
-        lines = f.read().split('\n')
-    return [(first, lines[first + 1:last]) for a, first, last in regions('\n'.join(lines), ANSWER_BEGIN, ANSWER_END)
-            if a == n]
+MAX_SOURCE = 1_000_000   # bytes: a file of an assignment is a few kB (model.py, the largest, about 25 kB)
 
 
-def grading_tree(n, submission, tree):
-    """The files a grading run needs (GRADING_FILES), readable by everyone, in `tree`, with, in each file of
-    assignment n, the student's lines between the markers in place of the solution. Returns (None or why it
-    cannot be built (a missing file, markers removed or changed), {(file, line in the tree): line in theirs})."""
+class NotHandedIn(Exception):
+    """A file of a submission that is not graded (missing, a link, not a regular file, too large): why, in words."""
+
+
+def read_handed_in(submission, f, follow=True):
+    """The text of file f of a submission folder: a regular file of the folder itself (never a link, a device,
+    a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not UTF-8 becomes U+FFFD and
+    is graded as the code it is). With follow=False the folder itself must not be a link either."""
+    try:
+        folder = os.open(submission, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
+    except OSError as e:
+        raise NotHandedIn(f"the submission folder is a link: hand in a folder" if e.errno in (errno.ELOOP, errno.ENOTDIR)
+                          and os.path.islink(submission) else f"the submission folder cannot be read ({e.strerror})")
+    try:
+        try:   # (O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link is refused, not read)
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise NotHandedIn(f"{f} is missing from the submission")
+            if e.errno == errno.ELOOP:
+                raise NotHandedIn(f"{f} is a link: hand in the file itself")
+            raise NotHandedIn(f"{f} cannot be read ({e.strerror}): hand in a plain file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise NotHandedIn(f"{f} is not a regular file: hand in the file itself")
+        with os.fdopen(fd, 'rb') as fin:
+            if st.st_size > MAX_SOURCE:
+                raise NotHandedIn(f"{f} is {st.st_size:,} bytes, more than the {MAX_SOURCE:,} a source file of an "
+                                  "assignment may have: hand in the handout's file with your lines")
+            data = fin.read(MAX_SOURCE + 1)
+        if len(data) > MAX_SOURCE:   # (it grew after the check)
+            raise NotHandedIn(f"{f} is more than {MAX_SOURCE:,} bytes: hand in the handout's file with your lines")
+        return data.decode('utf-8', 'replace')
+    finally:
+        os.close(folder)
+
+
+def answers(text, n):
+    """The bodies of assignment n's YOUR CODE regions of a student's file's text, in order."""
+    lines = text.split('\n')
+    return [(first, lines[first + 1:last]) for a, first, last in regions(text, ANSWER_BEGIN, ANSWER_END) if a == n]
+
+
+def grading_tree(n, submission, tree, follow=True):
+    """The files a grading run needs (GRADING_FILES), readable by everyone, in `tree`: the student's handout of
+    assignment n (the earlier assignments' solutions, stubs for n and the later ones: nothing the student's copy
+    does not hold) with the student's lines between the markers of n. Returns (None or why it cannot be built
+    (a file missing, a link, not a regular file, too large, markers removed or changed), {(file, line in the
+    tree): line in theirs})."""
     lines_of, graded = {}, files_of(n)
     os.makedirs(tree, exist_ok=True)
     os.chmod(tree, 0o755)
     for f in GRADING_FILES:
         with open(os.path.join(HERE, f)) as fin:
-            mine = fin.read().split('\n')
+            text = fin.read()
+        mine = (stub(text, n) if f.endswith('.py') else text).split('\n')   # the handout's copy of the file
         if f in graded:
-            theirs = os.path.join(submission, f)
-            if not os.path.isfile(theirs):
-                return f"{f} is missing from the submission", {}
-            spots = [(first, last) for a, first, last in regions('\n'.join(mine)) if a == n]
+            try:
+                theirs = read_handed_in(submission, f, follow)
+            except NotHandedIn as e:
+                return str(e), {}
+            spots = [(first, last) for a, first, last in regions('\n'.join(mine), ANSWER_BEGIN, ANSWER_END) if a == n]
             found = answers(theirs, n)
             if len(found) != len(spots):
                 return (f"{f}: {len(found)} of its {len(spots)} '### BEGIN/END YOUR CODE (assignment {n})' regions "
@@ -215,18 +282,56 @@ def grading_tree(n, submission, tree):
     return None, lines_of
 
 
+# -----------------------------------------------------------------------------
+# Student text (names, messages, lines of code) is shown inert: one line, control characters visible
+
+def shown(text, limit=300):
+    """Text from a submission as it may be shown on a terminal, in a file or a spreadsheet: one line, every
+    character that is not printable (newlines, escape sequences, bidirectional overrides) and every backslash
+    written as an escape, so it cannot draw lines of its own or move the cursor; at most `limit` characters."""
+    text = str(text)
+    out = ''.join(c if c.isprintable() and c != '\\' else
+                  {'\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t'}.get(c) or
+                  (f'\\x{ord(c):02x}' if ord(c) < 0x100 else f'\\u{ord(c):04x}' if ord(c) < 0x10000 else f'\\U{ord(c):08x}')
+                  for c in text[:limit])
+    return out + ('...' if len(text) > limit else '')
+
+
+def shown_name(name):
+    """A student's folder name as shown: inert, and a name that is not in Unicode's composed form (NFC) has its
+    combining marks written as escapes, so two names that differ only in normalisation never look the same."""
+    import unicodedata
+    name = shown(name, 200)
+    if unicodedata.normalize('NFC', name) == name:
+        return name
+    return ''.join(f'\\u{ord(c):04x}' if unicodedata.combining(c) else c for c in name)
+
+
+def spreadsheet_cell(value):
+    """A CSV cell that a spreadsheet does not run: text starting with =, +, -, @, a tab or a CR gets a leading
+    quote (OWASP's advice on CSV injection); numbers stay numbers."""
+    if isinstance(value, str) and value[:1] in ('=', '+', '-', '@', '\t', '\r'):
+        return "'" + value
+    return value
+
+
+def student_said(text, limit=300):
+    """Text that the student's code produced (an exception's message, a line of their file), labelled as theirs."""
+    return f"[from the submission: {shown(text, limit)}]"
+
+
 def their_line(where, lines_of):
     """The worker's 'model.py, line N: text' with N as a line of the student's own file when it is theirs."""
     m = re.match(r'^(\S+\.py), line (\d+): (.*)$', where or '')
     if not m:
-        return where
+        return student_said(where)
     f, line, text = m.group(1), int(m.group(2)), m.group(3)
     if (f, line) in lines_of:
-        return f"your {f}, line {lines_of[(f, line)]}: {text.strip()}"
+        return f"your {f}, line {lines_of[(f, line)]}: {student_said(text.strip(), 200)}"
     return f"{f}, line {line} (called from your code)"
 
 
-def grade_one(n, submission, limit=None, trusted=False):
+def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name=None):
     """Grade one submission folder: a dict with the marks of each concept, the total, status and feedback."""
     import course_grader
     limit = limit or 60.0
@@ -234,13 +339,13 @@ def grade_one(n, submission, limit=None, trusted=False):
     total = sum(c.marks for c in concepts)
     marks, by_concept, timed_out, seconds = {}, {}, False, 0.0
     with tempfile.TemporaryDirectory() as work:
+        os.chmod(work, 0o711)   # (the uid sandbox's user reaches the tree through it, without listing it)
         tree = os.path.join(work, 'tree')
-        problem, lines_of = grading_tree(n, submission, tree)
+        problem, lines_of = grading_tree(n, submission, tree, follow)
         results = ([(False, [], False, 0.0)] * len(concepts) if problem else
-                   course_grader.evaluate_concepts(concepts, tree, limit, trusted))
+                   course_grader.evaluate_concepts(concepts, tree, limit, sandbox,
+                                                   lambda where: their_line(where, lines_of)))
         for c, (passed, lines, late, took) in zip(concepts, results):
-            lines = [re.sub(r'\(([^()]*\.py, line \d+: .*)\)$', lambda m: f"({their_line(m.group(1), lines_of)})", x)
-                     for x in lines]
             timed_out, seconds = timed_out or late, seconds + took
             marks[c.name] = c.marks if passed else 0
             by_concept[c.name] = [f"  {'PASS' if passed else 'FAIL'} {marks[c.name]}/{c.marks}  {c.name}"]
@@ -249,25 +354,65 @@ def grade_one(n, submission, limit=None, trusted=False):
                 by_concept[c.name].append(f"         hint: {c.hint}")
     score = sum(marks.values())
     status = 'no answer' if problem else 'timed out' if timed_out else 'graded'
-    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {submission}"]
+    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name or shown_name(submission)}"]
     if problem:
         head.append(f"  not graded: {problem}")
     if timed_out:
-        head.append(f"  timed out: code that runs past {limit:.0f} s of CPU time per concept scores 0 for it")
+        head.append(f"  timed out: code that runs past {limit:.0f} s of CPU time, or twice that in wall-clock time, "
+                    "per concept scores 0 for it")
     feedback = '\n'.join(head + [line for c in concepts for line in by_concept[c.name]] + [f"score: {score}/{total}"])
     return dict(submission=submission, marks=marks, score=score, total=total, status=status,
                 seconds=round(seconds, 1), feedback=feedback, head=head, by_concept=by_concept)
 
 
+def not_graded(n, submission, name, why):
+    """The row of a submission whose grading failed (whatever failed, the grader's own code included)."""
+    import course_grader
+    concepts = course_grader.concepts(n)
+    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"]
+    by_concept = {c.name: [f"  FAIL 0/{c.marks}  {c.name}"] for c in concepts}
+    total = sum(c.marks for c in concepts)
+    return dict(submission=submission, marks={c.name: 0 for c in concepts}, score=0, total=total,
+                status='not graded', seconds=0.0, feedback='\n'.join(head + [line for c in concepts for line in
+                                                                          by_concept[c.name]] + [f"score: 0/{total}"]),
+                head=head, by_concept=by_concept)
+
+
+def grade_safely(n, submission, name, limit, sandbox, follow):
+    """grade_one inside an error boundary: whatever goes wrong while grading one student gives that student a
+    row saying "not graded: <why>", and the class goes on."""
+    try:
+        return grade_one(n, submission, limit, sandbox, follow, name)
+    except Exception as e:   # noqa: BLE001 (the boundary: a bug of the grader's own included)
+        return not_graded(n, submission, name, f"the grader failed on this submission ({type(e).__name__}: "
+                                               f"{shown(e, 200)}); grade it again, or alone, and report the message")
+
+
 def submissions_in(n, folder):
-    """[(name, path)]: the folder itself if it is one submission (it holds the assignment's files), else
-    each of its subfolders (a class: one folder per student)."""
-    if any(os.path.isfile(os.path.join(folder, f)) for f in files_of(n)):
-        return [(os.path.basename(os.path.abspath(folder)), folder)]
-    subs = sorted((d, os.path.join(folder, d)) for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    """([(name as shown, path, follow links)], [what was skipped, in words]): the folder itself if it is one
+    submission (it holds one of the assignment's files), else each of its subfolders (a class: one folder per
+    student). In a class a student's entry that is a link is graded as not handed in (a link hands in someone
+    else's folder), and a plain file is skipped and said."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        raise SystemExit(f"{folder} cannot be read as a folder of submissions ({e.strerror})")
+    if any(e.name in files_of(n) for e in entries):
+        return [(shown_name(os.path.basename(os.path.abspath(folder))), folder, True)], []
+    subs, skipped = [], []
+    for e in entries:
+        if e.is_dir(follow_symlinks=True):
+            subs.append((shown_name(e.name), e.path, False))
+        else:
+            skipped.append(f"{shown_name(e.name)}: {'a link to no folder' if e.is_symlink() else 'a file'}, not a "
+                           "student's folder")
     if not subs:
         raise SystemExit(f"{folder} holds neither a submission ({', '.join(files_of(n))}) nor a folder per student")
-    return subs
+    names = [name for name, _, _ in subs]
+    if len(set(names)) != len(names):   # (two folders that show the same: each row made unique by its number)
+        subs = [(f"{name} (folder {i + 1})" if names.count(name) > 1 else name, path, follow)
+                for i, (name, path, follow) in enumerate(subs)]
+    return subs, skipped
 
 
 def gradescope_json(result, n):
@@ -282,48 +427,109 @@ def gradescope_json(result, n):
 
 
 def write_json(path, obj):
+    from run_files import atomic_write
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + '.tmp', 'w') as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + '.tmp', path)
+    atomic_write(path, json.dumps(obj, indent=2))
 
 
-def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False):
+def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False, sandbox='bubblewrap'):
     """Grade a submission or a class (jobs submissions at a time, each in sandboxes of its own); print each
     student's feedback, and with out_dir write it, their results.json and the gradebook. With gradescope,
-    Gradescope's results.json: at that path for one submission, or <gradescope>/<student>/results.json."""
+    Gradescope's results.json: at that path for one submission, or <gradescope>/<student>/results.json.
+    sandbox: 'bubblewrap', 'uid' (course_grader.SANDBOXES) or 'none' (trusted=True: trusted submissions).
+    Returns [(name as shown, row)]; a row's status is graded, timed out, no answer or not graded."""
     from concurrent.futures import ThreadPoolExecutor
+    import io
     import course_grader
-    if not trusted:
-        try:
-            course_grader.sandbox_command(HERE)
-        except course_grader.NoSandbox as e:
-            raise SystemExit(str(e)) from None
-    subs = submissions_in(n, folder)
+    from run_files import atomic_write
+    sandbox = 'none' if trusted else sandbox
+    try:
+        course_grader.check_sandbox(sandbox)
+    except course_grader.NoSandbox as e:
+        raise SystemExit(str(e)) from None
+    subs, skipped = submissions_in(n, folder)
+    for why in skipped:
+        print(f"skipped {why}", flush=True)
     concepts = course_grader.concepts(n)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        graded = list(pool.map(lambda sub: grade_one(n, sub[1], limit, trusted), subs))
+        graded = list(pool.map(lambda sub: grade_safely(n, sub[1], sub[0], limit, sandbox, sub[2]), subs))
     rows = []
-    for (name, path), r in zip(subs, graded):
+    for (name, path, _), r in zip(subs, graded):
         print(r['feedback'], flush=True)
         rows.append((name, r))
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, f'{name}.txt'), 'w') as f:
-                f.write(r['feedback'] + '\n')
+            atomic_write(os.path.join(out_dir, f'{name}.txt'), r['feedback'] + '\n')
             write_json(os.path.join(out_dir, f'{name}.results.json'), gradescope_json(r, n))
         if gradescope:
             write_json(gradescope if len(subs) == 1 else os.path.join(gradescope, name, 'results.json'),
                        gradescope_json(r, n))
     if out_dir:
-        with open(os.path.join(out_dir, f'gradebook_assignment{n}.csv'), 'w', newline='') as f:
-            w = csv.writer(f)
-            w.writerow(['student', *[c.name for c in concepts], 'total', 'max', 'seconds', 'status'])
-            for name, r in rows:
-                w.writerow([name, *[r['marks'][c.name] for c in concepts], r['score'], r['total'], r['seconds'],
-                            r['status']])
+        book = io.StringIO()
+        w = csv.writer(book)
+        w.writerow(['student', *[c.name for c in concepts], 'total', 'max', 'seconds', 'status'])
+        for name, r in rows:
+            w.writerow([spreadsheet_cell(x) for x in (name, *[r['marks'][c.name] for c in concepts], r['score'],
+                                                       r['total'], r['seconds'], r['status'])])
+        atomic_write(os.path.join(out_dir, f'gradebook_assignment{n}.csv'), book.getvalue())
         print(f"wrote {out_dir}/gradebook_assignment{n}.csv and each student's feedback ({len(rows)} students)")
+    failed = sum(r['status'] == 'not graded' for _, r in rows)
+    print(f"{len(rows)} submissions: {sum(r['score'] == r['total'] for _, r in rows)} with full marks, "
+          f"{failed} not graded" + (f" (their rows say why)" if failed else '') +
+          (f", {len(skipped)} entries skipped" if skipped else ''), flush=True)
     return rows
+
+
+# -----------------------------------------------------------------------------
+# Gradescope: an autograder zip (setup.sh, run_autograder and what grading needs), run once per submission
+
+AUTOGRADER_FILES = ('course.py', 'course_grader.py', 'course_worker.py', 'model.py', 'routing.py', 'common.py',
+                    'run_files.py', 'compare.py')
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu): Python, bubblewrap (the
+# sandbox the grader runs student code in) and the packages grading needs, torch as its CPU build.
+set -euo pipefail
+apt-get update -qq
+apt-get install -y -qq python3 python3-venv bubblewrap
+python3 -m venv /autograder/venv
+/autograder/venv/bin/pip install --quiet --upgrade pip
+/autograder/venv/bin/pip install --quiet torch=={torch} --index-url https://download.pytorch.org/whl/cpu
+/autograder/venv/bin/pip install --quiet numpy safetensors
+"""
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this once per submission, as root: assignment {n} of the course kit, graded from the files in
+# /autograder/submission by course.py grade (the sandbox: {sandbox}), into /autograder/results/results.json.
+set -u
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"            # (another root: the kit's test runs this on a fake tree)
+PYTHON="${{AUTOGRADER_PYTHON:-$ROOT/venv/bin/python}}"
+chmod 700 "$ROOT/source"                             # the grader, its probes and the reference: root's alone
+mkdir -p "$ROOT/results"
+cd "$ROOT/source"
+"$PYTHON" course.py grade {n} "$ROOT/submission" --gradescope "$ROOT/results/results.json" --sandbox {sandbox}
+code=$?
+[ "$code" -le 1 ] || echo "run_autograder: course.py grade ended with exit status $code (its results.json says why)"
+exit 0
+"""
+
+
+def autograder(n, zip_path, sandbox='bubblewrap'):
+    """Gradescope's autograder zip for assignment n: setup.sh, run_autograder, and only what grading needs
+    (AUTOGRADER_FILES: the grader, its probes, the instructor's reference), never a test or another file."""
+    import zipfile
+    with open(os.path.join(HERE, 'requirements.txt')) as f:
+        torch_version = re.search(r'^torch==(\S+)', f.read(), re.M).group(1)
+    os.makedirs(os.path.dirname(os.path.abspath(zip_path)), exist_ok=True)
+    with zipfile.ZipFile(zip_path + '.tmp', 'w', zipfile.ZIP_DEFLATED) as z:
+        for name, text in (('setup.sh', SETUP_SH.format(torch=torch_version)),
+                           ('run_autograder', RUN_AUTOGRADER.format(n=n, sandbox=sandbox))):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o755 << 16   # executable
+            z.writestr(info, text)
+        for f in AUTOGRADER_FILES:
+            z.write(os.path.join(HERE, f), f)
+    os.replace(zip_path + '.tmp', zip_path)
+    print(f"{zip_path}: Gradescope's autograder for assignment {n} ({ASSIGNMENTS[n]['title']}), the sandbox: {sandbox}; "
+          "upload it as the assignment's autograder (Docker image: Ubuntu)")
 
 
 # -----------------------------------------------------------------------------
@@ -340,6 +546,12 @@ def main(argv):
     p = sub.add_parser('check', help="a student's check: the public tests of assignment N")
     p.add_argument('n', type=int)
     p.add_argument('directory', nargs='?', default='.')
+    p.add_argument('-x', '--first', action='store_true', help='stop at the first failing test')
+    p = sub.add_parser('autograder', help="Gradescope's autograder zip for assignment N")
+    p.add_argument('n', type=int)
+    p.add_argument('zip')
+    p.add_argument('--sandbox', choices=('bubblewrap', 'uid'), default='bubblewrap',
+                   help="uid where Gradescope's container cannot start bubblewrap (COURSE.md says what it loses)")
     p = sub.add_parser('grade', help='grade a submission, or a class (a folder per student)')
     p.add_argument('n', type=int)
     p.add_argument('folder')
@@ -348,6 +560,10 @@ def main(argv):
     p.add_argument('--gradescope', help="Gradescope's results.json: this file for one submission, this folder "
                                         "(<student>/results.json) for a class")
     p.add_argument('--jobs', type=int, default=1, help="submissions graded at the same time")
+    p.add_argument('--sandbox', choices=('bubblewrap', 'uid'), default='bubblewrap',
+                   help="where student code runs: bubblewrap (the default), or uid where bubblewrap cannot start (a "
+                        "container without user namespaces, as root): a user of its own, the same limits, no namespaces "
+                        "(COURSE.md says what it loses)")
     p.add_argument('--trusted', action='store_true',
                    help="the submissions are trusted: run them without a sandbox (where bubblewrap is missing)")
     args = ap.parse_args(argv)
@@ -367,11 +583,20 @@ def main(argv):
     elif args.command == 'release':
         handout(1, args.out_dir)
     elif args.command == 'check':
-        return check(args.n, args.directory)
+        return check(args.n, args.directory, args.first)
+    elif args.command == 'autograder':
+        autograder(args.n, args.zip, args.sandbox)
     else:
         if not os.path.exists(os.path.join(HERE, 'course_grader.py')):
             raise SystemExit("course_grader.py is not here: grading needs the instructor's copy of the project")
-        rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted)
+        try:
+            rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox)
+        except SystemExit as e:   # nothing graded: Gradescope's results.json still says why
+            if args.gradescope and args.gradescope.endswith('.json') and isinstance(e.code, str):
+                write_json(args.gradescope, dict(score=0, output=f"not graded: {e.code}", tests=[]))
+            raise
+        if any(r['status'] == 'not graded' for _, r in rows):
+            return EXIT_NOT_GRADED
         return 0 if all(r['score'] == r['total'] for _, r in rows) else 1
     return 0
 

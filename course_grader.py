@@ -3,27 +3,35 @@ The course kit's grader (instructor only: never in a handout, never in a sandbox
 grading works", is the page for instructors; course.py is the command.
 
 Marks are decided here, by a process that never runs student code. The student's answer runs in a
-sandbox (course_worker.py, in a copy of the project that holds the student's marked lines and nothing
-else of theirs), one for all the concepts of an assignment, each concept with CPU time of its own; it
+sandbox (course_worker.py, in the student's handout of the files it needs, with the student's marked
+lines and nothing else of theirs), one for all the concepts of an assignment, each concept with CPU time of its own; it
 receives inputs and returns what the student's functions computed, as safetensors. This process runs
 the same probes on the instructor's own project and compares: a concept's marks are earned when every
 one of its probes matches. The inputs, the expected values and these checks stay on this side.
 
 The sandbox is bubblewrap (Debian: apt-get install bubblewrap), chosen because it is a standard,
 unprivileged-capable, single-binary mechanism that needs no daemon: new mount, PID, network, IPC and UTS
-namespaces, the grading tree read-only, a private /tmp, nothing else of the machine but the system's
-and Python's own read-only files; run as root, the worker drops to an unprivileged user of its own before
-it reads anything; resource limits on memory, CPU time, processes, file size; its whole process tree
-ends with it (a PID namespace). Without bubblewrap, grading refuses unless told the submissions are
-trusted (--trusted): then the worker runs as a plain process with the same limits.
+namespaces, the grading tree read-only, a private /tmp and /dev/shm of 64 MB each, the rest read-only,
+nothing else of the machine but the system's and Python's own read-only files, and an empty environment;
+run as root, the worker drops to an unprivileged user of its own before it reads anything; resource limits
+(set by the worker on itself) on memory, CPU time, processes, file size, and a wall clock per concept kept
+here; its whole process tree ends with it (a PID namespace). Where bubblewrap cannot start (a container
+without user namespaces), --sandbox uid runs the worker as a user of its own, as root, with the same
+limits, and ends every process of that user afterwards (COURSE.md says what it loses). Without a
+sandbox, grading refuses unless told the submissions are trusted (--trusted): then the worker runs as a
+plain process with the same limits.
+
+What comes back from the sandbox (answers, messages) is data: each value is checked for its kind before
+it is compared, and the student's text is shown inert (course.shown).
 """
 
 import itertools
+import json
 import math
 import os
-import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,11 +40,13 @@ import time
 from dataclasses import dataclass
 
 import course_worker
+from course import shown, student_said
 
 FIRST_UID = 2_000_000     # each sandbox runs as a user of its own (no account needed): its process limit is its own
 MEMORY = 4 * 2 ** 30      # address space of a sandboxed process
 FILE_SIZE = 64 * 2 ** 20  # the largest file it may write (answers, its printed output, /tmp)
 PROCESSES = 64            # processes and threads of the sandbox's user
+STARTUP = 60.0            # wall-clock seconds a sandbox may take to start (Python, torch) and say it is ready
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,24 @@ def config(mode, S=2, n_layer=2):
     return dict(block_size=16, vocab_size=64, n_layer=n_layer, n_head=2, n_embd=16, residual=mode, attnres_block_size=S)
 
 
+# What comes back from the sandbox is data from the student's side: every comparison checks its kind (type,
+# shape, dtype) before its value, and an answer of the wrong kind fails its concept with a message in words.
+
+def their_value(x):
+    """A value the student's code returned, as feedback may quote it (short, inert)."""
+    return student_said(repr(x), 60)
+
+
+def number(x):
+    """x as a float when it is a real number (not a bool, not an integer too large for a float), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return None
+
+
 def same_tensors(*names, rtol=1e-9, atol=1e-12, dtype=None):
     """A comparison of the named tensors (shape, dtype if given, values)."""
     def compare(got, ref):
@@ -94,6 +122,8 @@ def same_tensors(*names, rtol=1e-9, atol=1e-12, dtype=None):
             a, b = got[0].get(name), ref[0][name]
             if a is None:
                 return f"{name} is missing"
+            if not isinstance(a, torch.Tensor) or a.is_complex() or not (a.is_floating_point() or a.dtype == b.dtype):
+                return f"{name} should be a tensor of {str(b.dtype).replace('torch.', '')}; got {a.dtype}"
             if tuple(a.shape) != tuple(b.shape):
                 return f"{name} has shape {tuple(a.shape)}, not the shape asked for ({tuple(b.shape)})"
             if dtype is not None and a.dtype != dtype:
@@ -106,7 +136,7 @@ def same_tensors(*names, rtol=1e-9, atol=1e-12, dtype=None):
 
 
 def same_values(*keys):
-    def compare(got, ref):
+    def compare(got, ref):   # (JSON values: any of them compares with == without raising)
         for key in keys:
             if got[1].get(key) != ref[1][key]:
                 return f"{key} differ{'s' if not key.endswith('s') else ''} from what is expected"
@@ -115,15 +145,22 @@ def same_values(*keys):
 
 
 def close_stats(got, ref):
-    a, b = got[1].get('stats') or {}, ref[1]['stats']
-    for key, want in b.items():
-        have = a.get(key)
-        pairs = list(zip(have, want)) if isinstance(want, list) and isinstance(have, list) and len(have) == len(want) \
-            else [(have, want)]
-        for x, y in pairs:
-            if not isinstance(x, (int, float)) or not (math.isnan(y) and math.isnan(x) or
-                                                      not math.isnan(y) and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)):
-                return f"{key} is not what it should be"
+    stats = got[1].get('stats')
+    if not isinstance(stats, dict):
+        return f"paired_stats should give a dict of statistics; got {their_value(stats)}"
+    for key, want in ref[1]['stats'].items():
+        have = stats.get(key)
+        if isinstance(want, list):
+            xs = [number(x) for x in have] if isinstance(have, list) and len(have) == len(want) else [None]
+            if None in xs:
+                return f"{key} should be a pair of numbers; got {their_value(have)}"
+        else:
+            xs, want = [number(have)], [want]
+            if xs[0] is None:
+                return f"{key} should be a number; got {their_value(have)}"
+        if not all(math.isnan(x) and math.isnan(y) or not math.isnan(y) and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+                   for x, y in zip(xs, want)):
+            return f"{key} is not what it should be"
     return None
 
 
@@ -134,10 +171,12 @@ def all_of(*compares):
 
 
 def no_matmul(got, ref):
-    used = set(got[1].get('ops') or [])
-    if not used:
+    ops = got[1].get('ops')
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        return "the recorded operations could not be read"
+    if not ops:
         return "no operation was recorded"
-    found = sorted(used & course_worker.MATMULS)
+    found = sorted(set(ops) & course_worker.MATMULS)
     return f"the read uses {', '.join(found)}: a matmul, which TF32 rounds on GPUs" if found else None
 
 
@@ -261,17 +300,6 @@ class NoSandbox(Exception):
     pass
 
 
-def limits(cpu_seconds):
-    def apply():
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
-        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu_seconds), int(cpu_seconds) + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE, FILE_SIZE))
-        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
 def python_paths():
     """The folders Python and its packages live in: read-only in the sandbox."""
     import site
@@ -289,8 +317,56 @@ def next_uid():
         return next(_uids)
 
 
-def sandbox_command(tree):
-    """bubblewrap's command line for a worker in `tree` (read-only at /grade), or NoSandbox."""
+SANDBOXES = ('bubblewrap', 'uid', 'none')
+
+
+def check_sandbox(sandbox):
+    """NoSandbox with what to do, where grading cannot run student code in `sandbox`."""
+    if sandbox == 'bubblewrap':
+        sandbox_command(os.path.dirname(os.path.abspath(__file__)))
+        probe = subprocess.run(sandbox_command('/', 1)[:-4] + ['/bin/true'], env={}, capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise NoSandbox(f"bubblewrap cannot start a sandbox here ({last_line(probe.stderr) or probe.returncode}): "
+                            "this machine or container does not allow the namespaces it needs. As root, grade with "
+                            "--sandbox uid (a user of its own, without namespaces: COURSE.md says what it loses).")
+    elif sandbox == 'uid' and os.geteuid() != 0:
+        raise NoSandbox("--sandbox uid runs each submission as a user of its own, which only root can do: run the "
+                        "grader as root, or use bubblewrap (the default)")
+    elif sandbox == 'uid':   # that user must be able to run this Python and its packages
+        code = ('import os, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
+                'os.execv(sys.executable, [sys.executable, "-I", "-c", "import torch, safetensors"])')
+        probe = subprocess.run([sys.executable, '-I', '-S', '-c', code, str(FIRST_UID - 1)], env={}, cwd='/',
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise NoSandbox(f"--sandbox uid: a user of its own cannot run this Python ({sys.executable}: "
+                            f"{last_line(probe.stderr) or probe.returncode}); install Python and the packages where "
+                            "every user can read them (as Gradescope's image does: /usr, or a venv under /autograder)")
+    elif sandbox not in SANDBOXES:
+        raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
+
+
+def end_processes_of(uid):
+    """Every process of user `uid` ended (the uid sandbox's tree, whatever it started), and the files it left
+    in the machine's shared temporary folders removed. A process of that user sends the kill: kill(-1) reaches
+    every process it may signal, that is every process of the user, and never itself."""
+    code = ('import os, signal, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
+            'for _ in range(100):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except ProcessLookupError:\n'
+            '        break\n')
+    subprocess.run([sys.executable, '-I', '-S', '-c', code, str(uid)], env={}, check=True)
+    for top in ('/tmp', '/var/tmp', '/dev/shm'):
+        for d, dirs, files in os.walk(top, topdown=False):
+            for name in dirs + files:
+                path = os.path.join(d, name)
+                try:
+                    if os.lstat(path).st_uid == uid:
+                        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+                except OSError:
+                    pass
+
+
+def sandbox_command(tree, cpu_seconds=60):
+    """bubblewrap's command line for a worker in `tree` (read-only at /grade) with cpu_seconds of CPU time in
+    all, or NoSandbox."""
     bwrap = shutil.which('bwrap')
     if not bwrap:
         raise NoSandbox("grading runs each submission in a sandbox and needs bubblewrap, which is not installed "
@@ -305,7 +381,9 @@ def sandbox_command(tree):
             cmd += ['--symlink', os.readlink(path), path]
         elif os.path.isdir(path):
             cmd += ['--ro-bind', path, path]
-    cmd += ['--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/tmp']   # (first: Python may live under /tmp)
+    # every writable place is a tmpfs of FILE_SIZE: /tmp (first: Python may live under /tmp) and /dev/shm; the
+    # root and /dev are remounted read-only at the end
+    cmd += ['--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/tmp']
     made = {'/tmp'}
     for path in python_paths():   # (the folders above them made readable: bubblewrap makes them 0700)
         parents = [p for p in (os.path.dirname(path[:i]) for i in range(len(path) + 1) if path[i:i + 1] in ('/', ''))
@@ -315,71 +393,115 @@ def sandbox_command(tree):
             made.add(parent)
         cmd += ['--ro-bind', path, path]
     cmd += ['--ro-bind', tree, '/grade', '--proc', '/proc', '--dev', '/dev',
-            '--chdir', '/grade', '--clearenv', '--setenv', 'PATH', '/usr/bin:/bin', '--setenv', 'HOME', '/tmp',
-            '--setenv', 'OMP_NUM_THREADS', '1', '--setenv', 'PYTHONDONTWRITEBYTECODE', '1']
-    if os.geteuid() == 0:
-        cmd += ['--setenv', 'COURSE_WORKER_USER', str(next_uid())]
+            '--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/dev/shm', '--remount-ro', '/dev',
+            '--remount-ro', '/', '--chdir', '/grade', '--clearenv']
+    for key, value in worker_env(cpu_seconds).items():
+        cmd += ['--setenv', key, value]
     return cmd + [sys.executable, '-I', '-B', '/grade/course_worker.py']
 
 
-def run_worker(tree, request, cpu_seconds, trusted):
-    """Run the worker on `request` (bytes): (answers bytes, stderr text, timed out, seconds)."""
-    if trusted:
-        env = {k: v for k, v in os.environ.items() if not k.startswith('PYTHON')}
-        env.update(OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1', HOME=tempfile.gettempdir())
-        cmd = [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')]
+def worker_env(cpu_seconds):
+    """The worker's whole environment: nothing of the grader's (it may hold secrets), its limits, and, as root,
+    the user it becomes."""
+    env = dict(PATH='/usr/bin:/bin', HOME='/tmp', OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1',
+               COURSE_WORKER_LIMITS=json.dumps(dict(memory=MEMORY, cpu_seconds=int(cpu_seconds) + 1,
+                                                    file_size=FILE_SIZE, processes=PROCESSES)))
+    if os.geteuid() == 0:
+        env['COURSE_WORKER_USER'] = str(next_uid())
+    return env
+
+
+def answered(path):
+    """How many whole answers (8 bytes of length, then that many bytes) the worker's output file holds so far."""
+    count, at, size = 0, 0, os.path.getsize(path)
+    with open(path, 'rb') as f:
+        while at + 8 <= size:
+            f.seek(at)
+            (length,) = struct.unpack('<Q', f.read(8))
+            if at + 8 + length > size:
+                break
+            at, count = at + 8 + length, count + 1
+    return count
+
+
+def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
+    """Run the worker on `request` (bytes) for n_concepts concepts: (answers bytes, stderr text, what ended it
+    early (None, 'cpu', 'clock' or 'killed'), seconds). Each concept has cpu_seconds of CPU time (the worker's
+    own limit: a loop) and twice that in wall-clock time from the previous answer (this clock: code that
+    sleeps or waits); the worker's first frame says it is ready (Python and torch started, within STARTUP).
+    Once every concept has answered, whatever the code left running ends with the sandbox."""
+    uid = None
+    if sandbox == 'bubblewrap':   # (bubblewrap itself starts with an empty environment: the code's /proc/1/environ is empty)
+        env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts)
     else:
-        env, cmd = None, sandbox_command(tree)
+        env, cmd = worker_env(cpu_seconds * n_concepts), [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')]
+        if sandbox == 'uid':   # the worker becomes a user of its own (COURSE_WORKER_USER) before it reads anything
+            uid = int(env['COURSE_WORKER_USER'])
+        else:                  # none: trusted code runs as we are
+            env.pop('COURSE_WORKER_USER', None)
     with tempfile.TemporaryDirectory() as work:   # outside the tree: the sandbox sees none of it
         paths = [os.path.join(work, name) for name in ('request', 'answers', 'stderr')]
         with open(paths[0], 'wb') as f:
             f.write(request)
-        t0, timed_out = time.time(), False
+        t0, ended, done = time.time(), None, 0
         with open(paths[0], 'rb') as stdin, open(paths[1], 'wb') as stdout, open(paths[2], 'wb') as stderr:
             proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=tree, env=env,
-                                    preexec_fn=limits(cpu_seconds))
-            try:   # the CPU limit ends a loop whatever the load; the wall clock is a backstop against sleeping
-                proc.wait(timeout=10 * cpu_seconds + 60)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                                    start_new_session=True)
+            deadline = t0 + STARTUP   # until the worker says it is ready (its first frame), then per concept
+            try:
+                while proc.poll() is None:
+                    now = answered(paths[1])
+                    if now > done:
+                        done, deadline = now, time.time() + 2 * cpu_seconds
+                    if done > n_concepts:   # (the ready frame and every concept's answers)
+                        break
+                    if time.time() > deadline:
+                        ended = 'clock'
+                        break
+                    time.sleep(0.05)
             finally:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)   # (the sandbox's PID namespace goes with it)
                 except ProcessLookupError:
                     pass
                 proc.wait()
+                if uid is not None:   # (no PID namespace: every process of its user, wherever it went)
+                    end_processes_of(uid)
         # the CPU limit sends SIGXCPU (bubblewrap reports its child's death by a signal as 128 + the signal);
         # SIGKILL is the hard limit's, when SIGXCPU was ignored, or the kernel's when memory ran out
-        timed_out = timed_out or proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU)
-        killed = proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
+        if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+            ended = 'cpu'
+        elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered(paths[1]) <= n_concepts:
+            ended = 'killed'
         with open(paths[1], 'rb') as f:
             answers = f.read(FILE_SIZE)
         with open(paths[2], 'rb') as f:
             stderr_text = f.read(20_000).decode('utf-8', 'replace')
-    if killed and not timed_out:
-        stderr_text += '\nkilled: past its CPU time, or out of memory'
-    return answers, stderr_text, timed_out, time.time() - t0
+    return answers, stderr_text, ended, time.time() - t0
 
 
-def evaluate_concepts(concepts, tree, cpu_seconds, trusted):
+def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: where):
     """[(passed, [feedback lines], timed out, seconds)] for each concept: its probes, run by the student's
     code in the sandbox and by the instructor's code here, compared. The concepts share one sandbox (one
     start of Python and torch), each with cpu_seconds of its own; a concept that ends the run (a loop, a
-    crash, memory) fails alone, and the concepts after it run again in a new sandbox."""
+    sleep, a crash, memory) fails alone, and the concepts after it run again in a new sandbox. `place` turns
+    the worker's 'file, line N: text' of an error into what the feedback shows."""
     out = []
     while len(out) < len(concepts):
         rest = concepts[len(out):]
-        output, stderr, timed_out, seconds = run_worker(tree, request_of(rest, cpu_seconds),
-                                                        cpu_seconds * len(rest), trusted)
-        answered = course_worker.read_answers(output)[:len(rest)]
-        share = seconds / (len(answered) + (len(answered) < len(rest)))
+        output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds, sandbox)
+        answers = course_worker.read_answers(output)[1:len(rest) + 1]   # (after the ready frame)
+        share = seconds / (len(answers) + (len(answers) < len(rest)))
         firsts = [sum(len(c.probes) for c in rest[:j]) for j in range(len(rest))]   # in this request
-        for c, got, first in zip(rest, answered, firsts):
-            out.append((*judge(c, got, first), False, share))
-        if len(answered) < len(rest):   # the next concept ended the run
-            what = (f"did not finish within {cpu_seconds:.0f} s of CPU time" if timed_out else
-                    "ended without answering" + (f": {last_line(stderr)}" if last_line(stderr) else ''))
-            out.append((False, [f"the code {what}"], timed_out, share))
+        for c, got, first in zip(rest, answers, firsts):
+            out.append((*judge(c, got, first, place), False, share))
+        if len(answers) < len(rest):   # the next concept ended the run
+            what = {'cpu': f"did not finish within {cpu_seconds:.0f} s of CPU time",
+                    'clock': f"did not finish within {2 * cpu_seconds:.0f} s of wall-clock time (twice its "
+                             f"{cpu_seconds:.0f} s of CPU time: code that sleeps or waits is stopped by the clock)",
+                    'killed': "was killed: past its CPU time, or out of memory"}.get(ended)
+            what = what or "ended without answering" + (f": {student_said(last_line(stderr))}" if last_line(stderr) else '')
+            out.append((False, [f"the code {what}"], ended in ('cpu', 'clock'), share))
     return out
 
 
@@ -393,7 +515,7 @@ def request_of(concepts, cpu_seconds):
     return course_worker.pack(tensors, meta)
 
 
-def judge(concept, got, first):
+def judge(concept, got, first, place=lambda where: where):
     """(passed, [feedback lines]) of a concept from its answers (tensors, meta): meta['results'] has one
     result per probe, and probe i's tensors are keyed by its index in the request, first + i."""
     import torch
@@ -403,10 +525,11 @@ def judge(concept, got, first):
         return False, ["the code's answers could not be read"]
     for i, (description, probe, args, inputs, compare, reference) in enumerate(concept.probes):
         result = results[i]
-        if not isinstance(result, dict) or not result.get('ok'):
-            error = str(result.get('error', '?'))[:300] if isinstance(result, dict) else '?'
-            where = f" ({str(result.get('where'))[:200]})" if isinstance(result, dict) and result.get('where') else ''
-            return False, [f"{description}: {error}{where}"]
+        if not isinstance(result, dict) or result.get('ok') is not True:
+            error = result.get('error', '?') if isinstance(result, dict) else '?'
+            where = result.get('where') if isinstance(result, dict) else None
+            return False, [f"{description}: the code raised {student_said(error)}" +
+                           (f" ({place(where[:200])})" if isinstance(where, str) and where else '')]
         mine = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(first + i)},
                 result.get('values') if isinstance(result.get('values'), dict) else {})
         ref_args, ref_inputs = reference or (args, inputs)

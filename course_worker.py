@@ -9,8 +9,9 @@ each probe on the project it sits in, inside a sandbox, and writes the answers; 
 probes on the instructor's project and compares. Requests and answers are safetensors (tensors and a
 JSON header: nothing in them can run code), never pickle.
 
-A request holds the probes of one or more concepts. The answers of each concept are written as soon as
-its probes are done (8 bytes of length, then a safetensors blob), and each concept gets its own CPU time
+A request holds the probes of one or more concepts. The worker first writes a frame that says it is ready
+(Python and torch started), then the answers of each concept as soon as its probes are done (each frame
+8 bytes of length, then a safetensors blob); each concept gets its own CPU time
 (a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
 concepts answered, and the grader runs the later ones again.
 """
@@ -187,7 +188,19 @@ def where_in_student_code(e):
     return f"{os.path.basename(frames[-1].filename)}, line {frames[-1].lineno}: {frames[-1].line}" if frames else ''
 
 
+def apply_limits(limits):
+    """The sandbox's limits, set by the worker on itself before anything else runs (the grader starts it with
+    no preexec_fn, which can deadlock in a threaded process): address space, CPU time in all (each concept
+    lowers its own soft limit below), file size (its answers and printed output too), processes and threads
+    of its user, no core files. A hard limit once lowered cannot be raised by the code under test."""
+    for which, value in ((resource.RLIMIT_AS, limits['memory']), (resource.RLIMIT_FSIZE, limits['file_size']),
+                         (resource.RLIMIT_NPROC, limits['processes']), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(which, (value, value))
+    resource.setrlimit(resource.RLIMIT_CPU, (limits['cpu_seconds'], limits['cpu_seconds'] + 1))
+
+
 def main():
+    apply_limits(json.loads(os.environ.pop('COURSE_WORKER_LIMITS')))
     user = os.environ.pop('COURSE_WORKER_USER', None)
     if user:   # started as root in the sandbox: become an unprivileged user before anything else is read
         os.setgroups([])
@@ -200,6 +213,8 @@ def main():
     answers_out = os.fdopen(os.dup(1), 'wb')
     os.dup2(2, 1)   # what the code under test prints goes to stderr, not into the answers
     tensors, meta = unpack(request)
+    answers_out.write(frame({}, {'ready': True}))   # the grader's clock per concept starts now
+    answers_out.flush()
     first = 0
     for count in meta['concepts']:   # the number of probes of each concept, in order
         used = sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ('ru_utime', 'ru_stime'))

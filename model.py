@@ -198,12 +198,12 @@ def depth_read(sources, queries):
     returns h (R, B, T, d) and alpha (R, B, T, N), both float32 (float64 when the sources are float64).
     """
     x0 = sources[0][0]
-    ### BEGIN SOLUTION 1
     # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
     # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
     # Each logit is an elementwise product and a sum, not a matmul: on GPUs with allow_tf32 a matmul
     # would round its float32 inputs to TF32's 10-bit mantissa. The read is memory-bound, so this
     # costs about the same (under torch.compile the product and the sum fuse into one kernel).
+    ### BEGIN SOLUTION 1
     with torch.autocast(device_type=x0.device.type, enabled=False):
         q = queries.to(x0.dtype)                                                          # (R, d)
         logits = torch.stack([torch.stack([(x * w).sum(-1) for w in q], -1) * inv_rms     # (B, T, R)
@@ -231,12 +231,16 @@ class DepthRead(nn.Module):
                 setattr(self, name, nn.Parameter(torch.zeros(d)))
         self.key_gain = nn.Parameter(torch.ones(d))
 
+    def queries(self):
+        """The (R, d) pseudo-queries of the routes, one row per route in the order of self.routes (two routes
+        that share a query name are still two rows), with the key-norm gain folded in."""
+        ### BEGIN SOLUTION 2
+        return torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
+        ### END SOLUTION
+
     def forward(self, sources, log=None):
         """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it."""
-        ### BEGIN SOLUTION 2
-        queries = torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
-        ### END SOLUTION
-        h, alpha = depth_read(sources, queries)
+        h, alpha = depth_read(sources, self.queries())
         if log is not None:
             for r, route in enumerate(self.routes):
                 log.append(summarise_read(self.sublayer, self.layer, route, alpha[r]))

@@ -56,12 +56,14 @@ def test_paired_table_matches_hand_computed_values(study, capsys):
     rd = results[('rd_attnres', 'attnres')]
     assert [p['seed'] for p in rd['pairs']] == [1, 2, 3, 4, 5]
     assert [p['delta'] for p in rd['pairs']] == pytest.approx(DELTAS)
-    assert rd['mean_delta'] == pytest.approx(-0.03)
-    assert rd['sd'] == pytest.approx(0.0158114, abs=1e-7)
+    assert rd['mean_delta'] == pytest.approx(-0.03), f"concept 'the paired table': the mean of the deltas"
+    assert rd['sd'] == pytest.approx(0.0158114, abs=1e-7), f"concept 'the paired table': sd is {rd['sd']}: the sample sd divides by n - 1"
     half = 2.776445 * 0.0158114 / math.sqrt(5)              # t(0.975, df=4) from a printed table
-    assert rd['ci95'] == pytest.approx([-0.03 - half, -0.03 + half], abs=1e-6)
+    assert rd['ci95'] == pytest.approx([-0.03 - half, -0.03 + half], abs=1e-6), \
+        f"concept 'the paired table': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
     assert rd['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
-    assert (rd['wins'], rd['n']) == (5, 5) and rd['sign_test_p'] == pytest.approx(2 / 32)
+    assert (rd['wins'], rd['n']) == (5, 5) and rd['sign_test_p'] == pytest.approx(2 / 32), \
+        f"concept 'the paired table': 5 wins of 5: the exact two-sided sign test gives p = 2 / 2^5"
     base = results[('attnres', 'standard')]
     assert base['mean_delta'] == pytest.approx(-0.3) and base['wins'] == 5
     out = capsys.readouterr().out
@@ -73,17 +75,39 @@ def test_statistics_against_known_values():
     assert compare.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
     assert compare.t_quantile(0.975, 9) == pytest.approx(2.2622, abs=1e-4)
     assert compare.t_quantile(0.975, 10**6) == pytest.approx(1.95996, abs=1e-4)
-    assert compare.sign_test_p(10, 10) == pytest.approx(2 / 1024)     # the paper's 10/10
-    assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64)
+    assert compare.sign_test_p(10, 10) == pytest.approx(2 / 1024), f"concept 'the statistics on other values': 10 wins of 10 (the paper's) give p = 2 / 2^10"
+    assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64), \
+        f"concept 'the statistics on other values': p = min(1, 2 * sum over i <= k of C(n, i) / 2^n), k = min(wins, n - wins)"
+
+
+@pytest.mark.assignment5
+def test_statistics_of_three_pairs_by_hand():
+    # deltas [0.0, -0.01, 0.04]: a tie is not a win, so wins = 1 of 3
+    #   mean = 0.01   sd = sqrt(((-0.01)^2 + (-0.02)^2 + 0.03^2) / 2) = sqrt(0.0007) = 0.026458
+    #   half-width = t(0.975, 2) * sd / sqrt(3) = 4.302653 * 0.026458 / 1.732051 = 0.065725
+    #   sign test: k = min(1, 2) = 1, p = min(1, 2 * (C(3, 0) + C(3, 1)) / 8) = 1
+    r = compare.paired_stats([0.0, -0.01, 0.04])
+    assert r['wins'] == 1, f"concept 'the statistics on other values': wins = {r['wins']}: a win is delta < 0, and a tie (delta = 0) is not one"
+    assert r['mean_delta'] == pytest.approx(0.01) and r['sd'] == pytest.approx(0.026458, abs=1e-6), \
+        f"concept 'the statistics on other values': mean {r['mean_delta']}, sd {r['sd']}: the sample sd divides by n - 1"
+    assert r['ci95'] == pytest.approx([0.01 - 0.065725, 0.01 + 0.065725], abs=1e-6), \
+        f"concept 'the statistics on other values': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
+    assert r['sign_test_p'] == 1.0, f"concept 'the statistics on other values': p = {r['sign_test_p']} for 1 win of 3"
 
 
 @pytest.mark.assignment5
 def test_one_pair_has_no_spread_and_no_interval():
     # n = 1: the mean and the win are defined; the sd (n - 1 = 0) and the interval are not: NaN, and
     # the sign test of one pair says nothing (p = 1)
-    r = compare.paired_stats([-0.03])
-    assert r['mean_delta'] == -0.03 and (r['wins'], r['n'], r['sign_test_p']) == (1, 1, 1.0)
-    assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95'])
+    try:
+        r = compare.paired_stats([-0.03])
+    except ZeroDivisionError as e:
+        pytest.fail(f"concept 'one pair (n = 1)': paired_stats of one pair raised {e!r}: with n = 1 there is no "
+                    "n - 1 to divide by; the sd and the interval are float('nan')")
+    assert r['mean_delta'] == -0.03 and (r['wins'], r['n'], r['sign_test_p']) == (1, 1, 1.0), \
+        f"concept 'one pair (n = 1)': one pair has its mean and its win; its sign test says nothing (p = 1)"
+    assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95']), \
+        f"concept 'one pair (n = 1)': with n = 1 there is no spread: sd and both ends of the interval are float('nan')"
     assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
 
 

@@ -32,7 +32,9 @@ MOST = {'logits by matmul', 'V read from the QK route', 'V through norm_mlp', 'r
 # about (one pair).)
 WRONG_FORMULA = {'scaled by 1/sqrt(d)', 'V read from the QK route', 'V through norm_mlp', 'routes de-duplicated by query name',
                  'running sums instead of increments', 'the embedding folded into the first block',
-                 'the same permutation every epoch', "one rank's share", 'sd over n'}
+                 'the same permutation every epoch', "one rank's share", 'sd over n', 'keys not normalised',
+                 'key gain left out', 'the last, shorter block left out of the final read',
+                 'steps wrap within their epoch', 'one-sided sign test'}
 # Trivial non-solutions, each the whole body of every region of the assignment (in file order): they must
 # score 0 in every concept.
 TRIVIAL = {
@@ -43,10 +45,10 @@ TRIVIAL = {
         'identity': [['    h = x0.expand(len(queries), *x0.shape)',
                       '    alpha = torch.zeros(len(queries), *x0.shape[:2], len(sources), dtype=x0.dtype)',
                       '    alpha[..., 0] = 1']]},
-    2: {'zeros': [['        queries = torch.zeros(len(self.routes), self.key_gain.numel(), dtype=self.key_gain.dtype)'],
+    2: {'zeros': [['        return torch.zeros(len(self.routes), self.key_gain.numel(), dtype=self.key_gain.dtype)'],
                   ['        return torch.zeros_like(h[0]), torch.zeros_like(h[0])']],
-        'identity': [['        queries = torch.stack([self.key_gain * 0 for _ in self.routes])'], ['        return h[0], h[-1]']],
-        'constant': [['        queries = torch.stack([self.key_gain * 0 + 1 for _ in self.routes])'],
+        'identity': [['        return torch.stack([self.key_gain * 0 for _ in self.routes])'], ['        return h[0], h[-1]']],
+        'constant': [['        return torch.stack([self.key_gain * 0 + 1 for _ in self.routes])'],
                      ['        return h[0] * 0 + 1, h[-1] * 0 + 1']]},
     3: {'identity': [['        h = embedding']], 'zeros': [['        h = embedding * 0']],
         'uniform': [['        h = self.final_read([source(embedding)], log)[0]']]},
@@ -56,25 +58,36 @@ TRIVIAL = {
         'constant': [['    p = 1.0'], ['    mean, sd, half, wins = 1.0, 1.0, 1.0, 1']],
         'first value': [['    p = 0.5'], ["    mean, sd, half, wins = deltas[0], float('nan'), float('nan'), 0"]]},
 }
+# The last column: the student's own check (course.py check N) fails for the mistake, so that "when they all
+# pass, hand the folder back" is true of every mistake the kit knows (test_course_check.py runs it).
 PLANTED = [
-    (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * w).sum(-1) for w in q', '(x * w).sum(-1) / math.sqrt(x.size(-1)) for w in q')]),
-    (1, 'logits by matmul', [('model.py', 'torch.stack([(x * w).sum(-1) for w in q], -1)', '(x @ q.T)')]),
-    (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')]),
-    (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')]),
+    (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * w).sum(-1) for w in q', '(x * w).sum(-1) / math.sqrt(x.size(-1)) for w in q')], True),
+    (1, 'logits by matmul', [('model.py', 'torch.stack([(x * w).sum(-1) for w in q], -1)', '(x @ q.T)')], True),
+    (1, 'keys not normalised', [('model.py', 'for w in q], -1) * inv_rms', 'for w in q], -1)')], True),
+    (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], True),
+    (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], True),
     (2, 'routes de-duplicated by query name',
-     [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')]),
+     [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')], True),
+    (2, 'key gain left out', [('model.py', 'for name in self.routes.values()]) * self.key_gain',
+                               'for name in self.routes.values()])')], True),
     (3, 'running sums instead of increments', [('model.py', '                    finished.append(partial)\n',
-                                                '                    finished.append(source(finished[-1][0] + partial[0]))\n')]),
+                                                '                    finished.append(source(finished[-1][0] + partial[0]))\n')], True),
     (3, 'the embedding folded into the first block', [('model.py', 'finished = [source(embedding)]', 'finished = []'),
                                                       ('model.py', 'partial = None                  #',
-                                                       'partial = source(embedding)     #')]),
+                                                       'partial = source(embedding)     #')], True),
+    (3, 'the last, shorter block left out of the final read',
+     [('model.py', '        if partial is not None:         # the last block may be shorter than S\n'
+                   '            finished.append(partial)\n', '')], True),
     (4, 'the same permutation every epoch', [('common.py', 'window_order(n_windows, seed, epoch)[offset',
-                                              'window_order(n_windows, seed, 0)[offset')]),
-    (4, "one rank's share", [('common.py', '.tolist())\n', ".tolist())\n    out = out[int(os.environ.get('RANK', 0))"
-                                                          "::int(os.environ.get('WORLD_SIZE', 1))]\n")]),
-    (5, 'sd over n', [('compare.py', '/ (n - 1)) if n > 1', '/ n) if n > 1')]),
+                                              'window_order(n_windows, seed, 0)[offset')], True),
+    (4, "one rank's share", [('common.py', '.tolist())\n', ".tolist())\n    env = __import__('os').environ\n"
+                                                          "    out = out[int(env.get('RANK', 0))::int(env.get('WORLD_SIZE', 1))]\n")], True),
+    (4, 'steps wrap within their epoch', [('common.py', 'epoch, offset = divmod(first + len(out), n_windows)',
+                                           'epoch, offset = first // n_windows, (first + len(out)) % n_windows')], True),
+    (5, 'sd over n', [('compare.py', '/ (n - 1)) if n > 1', '/ n) if n > 1')], True),
     (5, 'crashes with one pair', [('compare.py', "/ (n - 1)) if n > 1 else float('nan')", '/ (n - 1))'),
-                                  ('compare.py', "math.sqrt(n) if n > 1 else float('nan')", 'math.sqrt(n)')]),
+                                  ('compare.py', "math.sqrt(n) if n > 1 else float('nan')", 'math.sqrt(n)')], True),
+    (5, 'one-sided sign test', [('compare.py', 'p = min(1.0, 2 * sum(', 'p = min(1.0, sum(')], True),
 ]
 
 
@@ -102,9 +115,11 @@ def put_back(folder, n, mistakes=(), bodies_of=None):
 
 
 def solution_lines(n, path):
+    """The lines of assignment n's solution in a file, and of the code given with it (WITH SOLUTION n)."""
     text = open(path).read()
     lines = text.split('\n')
-    return [lines[i].strip() for a, first, last in course.regions(text) if a == n
+    spans = course.regions(text) + course.regions(text, course.WITH_BEGIN, course.WITH_END)
+    return [lines[i].strip() for a, first, last in spans if a == n
             for i in range(first + 1, last) if lines[i].strip() and not lines[i].strip().startswith('#')]
 
 
@@ -112,6 +127,32 @@ def check(folder, n):
     p = subprocess.run([sys.executable, 'course.py', 'check', str(n)], cwd=folder, capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, OMP_NUM_THREADS='1'))
     return p.returncode, p.stdout.strip().splitlines()[-1], p.stdout
+
+
+def searchable_by_everyone(path, opened):
+    """Every folder above path made searchable by every user (o+x: its entries can be reached by name, not
+    listed), each one changed noted in `opened` as (folder, mode) to be closed again."""
+    path = os.path.realpath(path)
+    while path != '/':
+        path = os.path.dirname(path)
+        mode = os.stat(path).st_mode
+        if not mode & 0o001:
+            os.chmod(path, mode | 0o001)
+            opened.append((path, mode))
+
+
+@pytest.fixture
+def python_for_everyone(tmp_path):
+    """This Python and the test's folder reachable by every user for the test's duration: an instructor's laptop
+    and Gradescope's image have them so, but on a machine whose Python lives under root's home (0700), or under
+    pytest's temporary folders (0700), those folders must be opened to be searched; they are closed after."""
+    opened = []
+    if os.geteuid() == 0:
+        searchable_by_everyone(sys.executable, opened)
+        searchable_by_everyone(str(tmp_path / 'x'), opened)
+    yield
+    for path, mode in reversed(opened):
+        os.chmod(path, mode)
 
 
 @pytest.fixture(scope='module')
@@ -126,20 +167,24 @@ def handouts(tmp_path_factory):
 def test_handout_stubs_this_and_every_later_assignment(handouts, tmp_path, n):
     import shutil
     out = str(shutil.copytree(handouts / f'h{n}', tmp_path / f'h{n}'))   # (the handouts are shared)
+    files = {os.path.relpath(os.path.join(d, f), out) for d, _, names in os.walk(out) for f in names}
     for later in range(n, max(course.ASSIGNMENTS) + 1):
         for f in course.files_of(later):
             text = open(os.path.join(out, f)).read()
-            assert f'raise NotImplementedError("assignment {later}:' in text
-            assert not any(line in text for line in solution_lines(later, os.path.join(HERE, f)) if len(line) > 25)
+            assert f"raise NotImplementedError({course.not_written(later)!r})" in text
+        for f in files:   # no line of its solution anywhere, nor of the code given with it
+            if f.endswith('.py') and os.path.exists(os.path.join(HERE, f)):
+                text = open(os.path.join(out, f)).read()
+                assert not any(line in text for line in solution_lines(later, os.path.join(HERE, f)) if len(line) > 25), f
     for earlier in range(1, n):   # the course goes in order: the earlier ones are given
         for f in course.files_of(earlier):
             assert solution_lines(earlier, os.path.join(HERE, f))[0] in open(os.path.join(out, f)).read()
-    files = {os.path.relpath(os.path.join(d, f), out) for d, _, names in os.walk(out) for f in names}
-    assert files == set(course.handout_files())                       # the explicit list, nothing else
-    assert not files & {'course_grader.py', 'course_worker.py', 'test_hidden.py', 'test_course.py', 'bench.py'}
-    assert not any(f.startswith(('results/', 'study/', 'scripts/')) for f in files)
+    assert files == set(course.handout_files())                       # the list, nothing else
+    assert not files & {'course_grader.py', 'course_worker.py', 'test_hidden.py', 'test_course.py', 'test_course_check.py'}
+    assert not any(f.startswith(('results/', 'study/')) for f in files)
     everything = ''.join(open(os.path.join(out, f), errors='replace').read() for f in files if f.endswith(('.py', '.md')))
-    assert not any(course.BEGIN.match(line) for line in everything.split('\n'))
+    assert not any(course.BEGIN.match(line) or course.WITH_BEGIN.match(line) for line in everything.split('\n'))
+    assert 'For instructors' not in open(os.path.join(out, 'COURSE.md')).read()
     # every public test fails on the stub, with its message
     code, summary, stdout = check(out, n)
     assert code != 0 and re.search(r'\d+ failed', summary) and 'passed' not in summary, stdout[-3000:]
@@ -154,7 +199,7 @@ def test_release_stubs_all_five(tmp_path):
     assert course.main(['release', str(tmp_path / 'release')]) == 0
     for n in course.ASSIGNMENTS:
         for f in course.files_of(n):
-            assert f'raise NotImplementedError("assignment {n}:' in open(tmp_path / 'release' / f).read()
+            assert f"raise NotImplementedError({course.not_written(n)!r})" in open(tmp_path / 'release' / f).read()
 
 
 def make_class(handouts, tmp_path, n, students):
@@ -178,7 +223,7 @@ def concepts_of(n):
 @pytest.mark.parametrize('n', sorted(course.ASSIGNMENTS))
 def test_a_class_is_graded_by_concepts(handouts, tmp_path, n):
     students = {'solution': [], 'unsolved': None}
-    students.update({re.sub(r'\W+', '_', name): mistakes for a, name, mistakes in PLANTED if a == n})
+    students.update({re.sub(r'\W+', '_', name): mistakes for a, name, mistakes, _ in PLANTED if a == n})
     files = course.files_of(n)
     students.update({'trivial_' + name.replace(' ', '_'): {files[0]: bodies} for name, bodies in TRIVIAL[n].items()})
     most = {re.sub(r'\W+', '_', name) for name in MOST}
@@ -208,7 +253,7 @@ def test_a_class_is_graded_by_concepts(handouts, tmp_path, n):
 
 def test_feedback_names_the_concept_and_the_students_line_never_a_hidden_value(handouts, tmp_path):
     n = 5
-    root = make_class(handouts, tmp_path, n, {'sd_over_n': [m for a, name, m in PLANTED if name == 'sd over n'][0],
+    root = make_class(handouts, tmp_path, n, {'sd_over_n': [m for a, name, m, _ in PLANTED if name == 'sd over n'][0],
                                               'broken': [], 'raises': []})
     for name, line in (('broken', '    mean = = 0\n'), ('raises', '    mean = {}["no such key"]\n')):
         path = root / name / 'compare.py'
@@ -223,10 +268,10 @@ def test_feedback_names_the_concept_and_the_students_line_never_a_hidden_value(h
     assert not re.search(r'\d\.\d{3,}', said)             # no expected value, in any form
     broken = rows['broken']['feedback']
     their = open(root / 'broken' / 'compare.py').read().split('\n').index('    mean = = 0') + 1
-    assert re.search(rf"SyntaxError: .*your compare.py, line {their}: mean = = 0", broken), broken
+    assert re.search(rf"SyntaxError: .*your compare.py, line {their}: \[from the submission: mean = = 0\]", broken), broken
     raises = rows['raises']['feedback']
     their = open(root / 'raises' / 'compare.py').read().split('\n').index('    mean = {}["no such key"]') + 1
-    assert 'KeyError' in raises and f'your compare.py, line {their}: mean = {{}}["no such key"]' in raises, raises
+    assert 'KeyError' in raises and f'your compare.py, line {their}: [from the submission: mean = {{}}["no such key"]]' in raises, raises
 
 
 ATTACKS = {
@@ -271,11 +316,12 @@ ATTACKS = {
         pass
     mean, sd, half, wins = 0.0, 0.0, 0.0, 0
 """,
-    # the hidden checks read or imported, their files searched for
+    # the hidden checks read or imported, their files searched for (by name: a package's file whose name
+    # merely contains 'grader', such as torch's upgrader_models under a venv in /tmp, is not one of them)
     'reader': """    import glob, os
     found = [f for f in (%(here)r + '/course_grader.py', %(here)r + '/test_hidden.py') if os.path.exists(f)]
     found += [f for f in glob.glob('/grade/**', recursive=True) + glob.glob('/tmp/**', recursive=True)
-              if 'hidden' in f or 'grader' in f or 'test_course' in f]
+              if os.path.basename(f) in ('course_grader.py', 'test_hidden.py', 'test_course.py')]
     try:
         import test_hidden
         found.append('import')
@@ -300,7 +346,62 @@ ATTACKS = {
     'loop': """    while True:
         pass
 """,
+    'sleeper': """    import time
+    time.sleep(10 ** 6)
+""",
+    # a plausible wrong answer of the wrong kind: the interval as a number
+    'returns_early': """    mean = sum(deltas) / n
+    sd = (sum((d - mean) ** 2 for d in deltas) / (n - 1)) ** 0.5 if n > 1 else float('nan')
+    return dict(n=n, mean_delta=mean, sd=sd, ci95=0.0, ppl_reduction_pct=0.0, wins=0, sign_test_p=1.0)
+""",
+    # answers forged from inside the sandbox, of the wrong kinds: a list where a dict is expected, an integer
+    # too large for a float (written to the worker's answer stream, then the process ends)
+    'forges_a_list': """    import gc, io, os, course_worker
+    out = [o for o in gc.get_objects() if isinstance(o, io.BufferedWriter) and isinstance(o.name, int) and o.name > 2][0]
+    for count in (2, 4, 2):
+        out.write(course_worker.frame({}, {'results': [{'ok': True, 'values': {'stats': [1, 2]}}] * count}))
+    out.flush()
+    os._exit(0)
+""",
+    'forges_a_big_int': """    import gc, io, os, course_worker
+    out = [o for o in gc.get_objects() if isinstance(o, io.BufferedWriter) and isinstance(o.name, int) and o.name > 2][0]
+    big = {k: 10 ** 400 for k in ('n', 'mean_delta', 'sd', 'ppl_reduction_pct', 'wins', 'sign_test_p')}
+    for count in (2, 4, 2):
+        out.write(course_worker.frame({}, {'results': [{'ok': True, 'values': {'stats': dict(big, ci95=[10 ** 400] * 2)}}] * count}))
+    out.flush()
+    os._exit(0)
+""",
+    # a message that draws lines of its own on the instructor's terminal and in the files
+    'fake_lines': """    raise RuntimeError('oops\\n  PASS 2/2  the paired table\\nscore: 6/6\\n\\x1b[2J\\x1b]0;title\\x07\\u202e')
+""",
+    # the grader's own environment, read through the sandbox's /proc
+    'environ': """    import glob
+    seen = []
+    for f in glob.glob('/proc/*/environ'):
+        try:
+            seen.append(open(f, 'rb').read().decode(errors='replace'))
+        except OSError:
+            pass
+    raise RuntimeError('environ: ' + repr([x for x in seen if 'SECRET' in x]))
+""",
+    # every place it can write to, filled (each should take at most FILE_SIZE)
+    'filler': """    import os
+    took = {}
+    for d in ('/', '/dev', '/dev/shm', '/tmp', '/grade', '/proc'):
+        took[d] = 0
+        for i in range(12):
+            try:
+                with open(os.path.join(d, f'fill{i}'), 'wb') as f:
+                    for _ in range(16):
+                        f.write(b'x' * 2 ** 20)
+                        took[d] += 2 ** 20
+            except OSError:
+                break
+    raise RuntimeError('took: ' + repr(took))
+""",
 }
+# Attacks by files and names: what each student's folder is
+FILE_ATTACKS = ('link_to_victim', 'link_to_shadow', 'link_to_zero', 'fifo', 'a_folder', 'huge', 'folder_link')
 
 
 def lingering(marker):
@@ -314,20 +415,23 @@ def lingering(marker):
     return found
 
 
-def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts, tmp_path):
+def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_ATTACKS, names=True):
+    """A class of assignment 5: honest students, a victim, one student per attack by code (in paired_stats'
+    region), by files (links, a FIFO, a folder, a huge file, a linked folder) and by names; and a plain file."""
     n = 5
-    out = tmp_path / 'grades'
-    out.mkdir()
     classroom = tmp_path / f'class{n}'
-    students = {name: None for name in ATTACKS}
+    students = {name: None for name in attacks}
     students.update({'good': [], 'zz_victim': []})
+    students.update({name: [] for name in file_attacks})
+    if names:   # names a spreadsheet would run, and two that differ only in Unicode normalisation
+        students.update({'=1+1': [], '@SUM(1)': [], '-2+3': [], 'caf\u00e9': [], 'cafe\u0301': []})
     # right code that ends its process, or loops, with one pair: the sandbox shared by the concepts ends at
     # that concept, the concepts after it run again in a new one, so only the one-pair concept is lost
     one_pair = '    mean = sum(deltas) / n\n'
     students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
                      'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
     root = make_class(handouts, tmp_path, n, students)
-    for name, code in ATTACKS.items():
+    for name, code in attacks.items():
         path = root / name / 'compare.py'
         text = open(path).read().split('\n')
         begins = [i for i, line in enumerate(text) if line.strip() == '### BEGIN YOUR CODE (assignment 5)']
@@ -336,29 +440,175 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
         body = (code % {'here': HERE, 'out': str(out), 'class': str(classroom)}).rstrip('\n').split('\n')
         text[first + 1:last] = body
         path.write_text('\n'.join(text))
-    before = {f: os.path.getmtime(os.path.join(HERE, f)) for f in course.project_files()}
-    rows = dict(course.grade(n, str(root), out_dir=str(out), limit=6, jobs=2))
+    for name in file_attacks:
+        path = root / name / 'compare.py'
+        if name == 'folder_link':
+            import shutil
+            shutil.rmtree(root / name)
+            os.symlink('zz_victim', root / name)
+            continue
+        text = path.read_bytes()
+        path.unlink()
+        if name.startswith('link_to_'):
+            os.symlink({'link_to_victim': '../zz_victim/compare.py', 'link_to_shadow': '/etc/shadow',
+                        'link_to_zero': '/dev/zero'}[name], path)
+        elif name == 'fifo':
+            os.mkfifo(path)
+        elif name == 'a_folder':
+            path.mkdir()
+        elif name == 'huge':   # the solution, then 5 MB of comment (sparse: no disk used)
+            with open(path, 'wb') as f:
+                f.write(text + b'\n#')
+                f.truncate(5 * 2 ** 20)
+    (root / 'notes.txt').write_text('not a student')
+    return root
+
+
+def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts, tmp_path, capsys, monkeypatch):
+    import ast
+    n, limit = 5, 4
+    out = tmp_path / 'grades'
+    out.mkdir()
+    monkeypatch.setenv('COURSE_SECRET', 'hunter2')     # (the grader's environment never reaches the sandbox)
+    root = hostile_class(handouts, tmp_path, out)
+    classroom = root
+    before = project_times()
+    capsys.readouterr()
+    rows = dict(course.grade(n, str(root), out_dir=str(out), limit=limit, jobs=2))
+    console = capsys.readouterr().out
     total = sum(c.marks for c in concepts_of(n))
-    for name in ATTACKS:
+    honest = {'good', 'zz_victim', "=1+1", '@SUM(1)', '-2+3', 'caf\u00e9', 'cafe\\u0301'}
+    assert set(rows) == honest | set(ATTACKS) | set(FILE_ATTACKS) | {'exits_with_one_pair', 'loops_with_one_pair'}
+    for name in honest:       # the honest students and the victim keep full marks; NFC and NFD are two rows
+        assert rows[name]['score'] == total and rows[name]['status'] == 'graded', rows[name]['feedback']
+    for name in (*ATTACKS, *FILE_ATTACKS):
         assert rows[name]['score'] == 0 and rows[name]['total'] == total, (name, rows[name]['feedback'])
-    assert rows['good']['score'] == rows['zz_victim']['score'] == total, rows['zz_victim']['feedback']
     one_pair = {c.name: c.marks for c in concepts_of(n)}['one pair (n = 1)']
     for name in ('exits_with_one_pair', 'loops_with_one_pair'):
         assert rows[name]['marks']['one pair (n = 1)'] == 0, rows[name]['feedback']
         assert rows[name]['score'] == total - one_pair, rows[name]['feedback']
     assert rows['loops_with_one_pair']['status'] == 'timed out' and rows['exits_with_one_pair']['status'] == 'graded'
-    assert 'did not finish' in rows['loop']['feedback'] and rows['loop']['status'] == 'timed out'
+    # data of the wrong kind fails its concept in words; the class goes on
+    assert 'ci95 should be a pair of numbers; got [from the submission: 0.0]' in rows['returns_early']['feedback']
+    assert 'should give a dict of statistics' in rows['forges_a_list']['feedback'], rows['forges_a_list']['feedback']
+    assert 'n should be a number' in rows['forges_a_big_int']['feedback'], rows['forges_a_big_int']['feedback']
+    # links, devices, FIFOs, folders and huge files are never read; each says what to hand in
+    for name, said in (('link_to_victim', 'compare.py is a link: hand in the file itself'),
+                       ('link_to_shadow', 'compare.py is a link'), ('link_to_zero', 'compare.py is a link'),
+                       ('fifo', 'compare.py is not a regular file'), ('a_folder', 'compare.py is not a regular file'),
+                       ('huge', 'more than the 1,000,000 a source file'), ('folder_link', 'the submission folder is a link')):
+        assert said in rows[name]['feedback'] and rows[name]['status'] == 'no answer', (name, rows[name]['feedback'])
+    assert 'skipped notes.txt: a file, not a student\'s folder' in console
+    # time: each limit ends what it is for, and says which
+    # (a loop is ended by its CPU time, or on a machine so busy that 4 s of CPU take more than 8 s, by the clock)
+    assert re.search(r'did not finish within (4 s of CPU|8 s of wall-clock) time', rows['loop']['feedback'])
+    assert rows['loop']['status'] == 'timed out'
+    assert 'did not finish within 8 s of wall-clock time' in rows['sleeper']['feedback'], rows['sleeper']['feedback']
+    bound = 3 * (2 * limit + course_grader.STARTUP)   # each of its 3 sandboxes: start-up, then twice the CPU time
+    assert rows['sleeper']['status'] == 'timed out' and rows['sleeper']['seconds'] < bound
+    assert rows['fork_bomb']['seconds'] < bound, rows['fork_bomb']['feedback']
+    # the sandbox holds nothing of the grader's: no environment, no writable place past its cap, no hidden file
+    assert 'environ: []' in rows['environ']['feedback'], rows['environ']['feedback']
+    filled = ast.literal_eval(re.search(r"took: (\{[^}]*\})", rows['filler']['feedback']).group(1))
+    assert filled['/tmp'] > 0 and all(v <= course_grader.FILE_SIZE for v in filled.values()), filled
     assert 'found: []' in rows['reader']['feedback'], rows['reader']['feedback']
+    # student text is inert: one line, no escape sequence, labelled; the only score lines are the real ones
+    fake = rows['fake_lines']['feedback']
+    assert '[from the submission: RuntimeError: oops\\n  PASS 2/2  the paired table\\nscore: 6/6\\n\\x1b[2J' in fake
+    texts = {'console': console, **{f.name: f.read_text() for f in out.iterdir()}}
+    for where, text in texts.items():
+        assert '\x1b' not in text and '\u202e' not in text and '\x07' not in text, where
+    score_lines = [line for line in console.split('\n') if line.startswith('score:')]
+    assert sorted(score_lines) == sorted(f"score: {r['score']}/{r['total']}" for r in rows.values())
+    assert not any(line.lstrip().startswith('PASS') for name in (*ATTACKS, *FILE_ATTACKS)
+                   for line in rows[name]['feedback'].split('\n'))
+    assert console.rstrip().split('\n')[-1] == f"{len(rows)} submissions: {len(honest) + 0} with full marks, 0 not graded, 1 entries skipped"
+    # the gradebook agrees with the rows; a spreadsheet runs none of its cells
+    with open(out / f'gradebook_assignment{n}.csv', newline='') as f:
+        book = list(csv.reader(f))
+    assert not any(cell[:1] in ('=', '+', '-', '@', '\t', '\r') for line in book for cell in line)
+    assert {line[0].lstrip("'"): int(line[-4]) for line in book[1:]} == {name: r['score'] for name, r in rows.items()}
     time.sleep(6)   # longer than the lingerer would have waited
     assert not lingering('rdattnres-lingerer')
     assert json.load(open(out / 'lingerer.results.json'))['score'] == 0
-    with open(out / f'gradebook_assignment{n}.csv') as f:
-        book = {b['student']: int(b['total']) for b in csv.DictReader(f)}
-    assert book == {name: r['score'] for name, r in rows.items()}
     assert not os.path.exists(os.path.join(HERE, 'pwned.txt')) and not (out / 'pwned.txt').exists()
     assert not (classroom / 'pwned.txt').exists() and not os.path.exists('/tmp/pwned.txt')
-    assert before == {f: os.path.getmtime(os.path.join(HERE, f)) for f in course.project_files()}
+    assert before == project_times()
     assert 'PWNED' not in (root / 'zz_victim' / 'compare.py').read_text()
+
+
+def project_times():
+    """The modification time of every file of the project (but the logs a study may be writing meanwhile)."""
+    return {f: os.path.getmtime(os.path.join(HERE, f)) for f in course.project_files() if not f.startswith('study/runs/')}
+
+
+def test_a_grader_failure_on_one_student_is_that_students_row(handouts, tmp_path, capsys, monkeypatch):
+    root = make_class(handouts, tmp_path, 5, {'alice': [], 'bob': [], 'carol': []})
+    real = course.grade_one
+
+    def buggy(n, submission, *args, **kwargs):   # a bug of the grader's own, met on bob's submission only
+        if submission.endswith('bob'):
+            raise KeyError('a bug\n\x1b[2J')
+        return real(n, submission, *args, **kwargs)
+    monkeypatch.setattr(course, 'grade_one', buggy)
+    out = tmp_path / 'grades'
+    code = course.main(['grade', '5', str(root), '--out', str(out), '--jobs', '2'])
+    console = capsys.readouterr().out
+    assert code == course.EXIT_NOT_GRADED
+    assert console.rstrip().split('\n')[-1] == '3 submissions: 2 with full marks, 1 not graded (their rows say why)'
+    bob = (out / 'bob.txt').read_text()
+    assert 'not graded: the grader failed on this submission (KeyError:' in bob and '\x1b' not in console + bob
+    with open(out / 'gradebook_assignment5.csv') as f:
+        book = {b['student']: b for b in csv.DictReader(f)}
+    assert book['bob']['status'] == 'not graded' and book['bob']['total'] == '0'
+    assert book['alice']['total'] == book['carol']['total'] == '6'
+    assert json.load(open(out / 'bob.results.json'))['score'] == 0
+
+
+@pytest.mark.parametrize('n', sorted(course.ASSIGNMENTS))
+def test_a_sandbox_holds_only_the_students_handout(handouts, tmp_path, n):
+    # the tree a student's code runs in is their handout (earlier solutions, stubs of the later ones) with
+    # their lines: no solution of a later assignment, nothing the handout does not hold
+    problem, _ = course.grading_tree(n, str(handouts / f'h{n}'), str(tmp_path / 'tree'))
+    assert problem is None
+    for f in course.GRADING_FILES:
+        text = (tmp_path / 'tree' / f).read_text()
+        if f != 'course_worker.py':
+            assert text == (handouts / f'h{n}' / f).read_text(), f
+        for later in range(n, max(course.ASSIGNMENTS) + 1):
+            if f in course.files_of(later):
+                assert not any(line in text for line in solution_lines(later, os.path.join(HERE, f)) if len(line) > 25)
+    assert sorted(os.listdir(tmp_path / 'tree')) == sorted(course.GRADING_FILES)
+
+
+def test_grading_from_a_normal_account(handouts, tmp_path, python_for_everyone):
+    # an instructor's laptop: the grader runs as a normal user (bubblewrap in a user namespace). The code
+    # under test sees no environment of the grader's, and every place it can write to is capped.
+    import shutil
+    import stat
+    attacks = {k: ATTACKS[k] for k in ('environ', 'filler', 'reader', 'writer')}
+    base = tmp_path / 'world'
+    base.mkdir()
+    out = base / 'grades'
+    root = hostile_class(handouts, base, out, attacks, file_attacks=('link_to_victim',), names=False)
+    for d, dirs, files in os.walk(tmp_path):
+        for x in dirs + files:
+            p = os.path.join(d, x)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | stat.S_IROTH | stat.S_IWOTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
+    os.chmod(tmp_path, 0o777)
+    as_user = [] if os.geteuid() != 0 else [shutil.which('setpriv'), '--reuid=65534', '--regid=65534', '--clear-groups']
+    env = dict(os.environ, COURSE_SECRET='hunter2', TMPDIR=str(base), HOME=str(base))
+    p = subprocess.run([*as_user, sys.executable, os.path.join(HERE, 'course.py'), 'grade', '5', str(root), '--out',
+                        str(out), '--timeout', '6', '--jobs', '2'], capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    assert 'score: 6/6' in rows['good'] and 'score: 6/6' in rows['zz_victim']
+    assert 'environ: []' in rows['environ'] and 'hunter2' not in p.stdout + ''.join(rows.values())
+    filled = eval(re.search(r"took: (\{[^}]*\})", rows['filler']).group(1))
+    assert all(v <= course_grader.FILE_SIZE for v in filled.values()) and filled['/tmp'] > 0, filled
+    assert 'found: []' in rows['reader'] and 'compare.py is a link' in rows['link_to_victim']
+    assert not (out / 'pwned.txt').exists() and not (root / 'pwned.txt').exists()
 
 
 def test_without_a_sandbox_grading_refuses_unless_trusted(handouts, tmp_path, monkeypatch):
@@ -383,7 +633,7 @@ def test_grading_holds_on_a_busy_machine(handouts, tmp_path):
     assert rows['good']['score'] == rows['good']['total'], rows['good']['feedback']
 
 
-STUBBED = {1: [('model', None, 'depth_read')], 2: [('model', 'DepthRead', 'forward'), ('model', 'Block', 'attn_inputs')],
+STUBBED = {1: [('model', None, 'depth_read')], 2: [('model', 'DepthRead', 'queries'), ('model', 'Block', 'attn_inputs')],
            3: [('model', 'GPT', 'forward_depth_routed')], 4: [('common', None, 'step_windows')],
            5: [('compare', None, 'sign_test_p'), ('compare', None, 'paired_stats')]}
 
@@ -469,3 +719,137 @@ def test_a_cut_or_garbled_answer_stream_keeps_only_the_whole_answers():
 def test_help_exits_zero():
     p = subprocess.run([sys.executable, os.path.join(HERE, 'course.py'), '--help'], capture_output=True, text=True)
     assert p.returncode == 0 and 'grade' in p.stdout
+
+
+def test_course_md_agrees_with_the_kit():
+    # COURSE.md's marks per concept are the grader's, and its table's count of public tests is pytest's
+    text = open(os.path.join(HERE, 'COURSE.md')).read()
+    students = text.split(course.INSTRUCTORS_PART)[0]
+    for n in course.ASSIGNMENTS:
+        section = students.split(f'\n### {n}. ')[1].split('\n### ')[0].split('\n## ')[0]
+        said = [int(m) for m in re.findall(r'\*[^*]+\*\s+\((\d+)', section.split('Concepts:')[1])]
+        assert said == [c.marks for c in concepts_of(n)], (n, said)
+        row = re.search(rf'^\| {n} \|.*$', students, re.M).group(0).split('|')
+        p = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider', '-m',
+                            f'assignment{n} and not hidden', *course.test_files(n, HERE)], cwd=HERE,
+                           capture_output=True, text=True)
+        collected = int(re.search(r'(\d+)/\d+ tests collected', p.stdout).group(1))
+        assert int(row[5]) == collected, (n, row[5], collected)
+
+
+GRADESCOPE_ATTACK = """    import glob, os, subprocess, sys
+    found = [f for f in glob.glob(%(root)r + '/source/*') if os.access(f, os.R_OK)]
+    try:
+        open(%(root)r + '/results/results.json', 'w').write('{"score": 6}')
+        found.append('results written')
+    except OSError:
+        pass
+    for f in glob.glob('/proc/*/environ'):
+        try:
+            if 'SECRET' in open(f, errors='replace').read():
+                found.append(f)
+        except OSError:
+            pass
+    try:
+        subprocess.Popen(['sleep', '30', 'rdattnres-gradescope-lingerer'], start_new_session=True)
+    except OSError:
+        pass
+    raise RuntimeError('found: ' + repr(found))
+"""
+
+
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
+def test_the_gradescope_autograder_grades_one_submission_per_run(handouts, tmp_path, sandbox, python_for_everyone):
+    # the zip, unpacked into a fake /autograder (AUTOGRADER_ROOT), its run_autograder run once per submission as
+    # Gradescope would: an honest, a wrong and an attacking submission each get the right results.json
+    import zipfile
+    zip_path = tmp_path / 'autograder.zip'
+    if sandbox == 'uid' and os.geteuid() != 0:   # (the uid sandbox needs root, as Gradescope's container has)
+        with pytest.raises(SystemExit, match='only root can do'):
+            course.grade(5, str(handouts / 'h5'), sandbox='uid')
+        return
+    assert course.main(['autograder', '5', str(zip_path), '--sandbox', sandbox]) == 0
+    names = set(zipfile.ZipFile(zip_path).namelist())
+    assert names == {'setup.sh', 'run_autograder', *course.AUTOGRADER_FILES}
+    assert 'torch==' in zipfile.ZipFile(zip_path).read('setup.sh').decode()
+    wrong = [m for a, name, m, _ in PLANTED if name == 'sd over n'][0]
+    for who, mistakes in (('honest', []), ('wrong', wrong), ('attacker', None)):
+        root = tmp_path / who
+        zipfile.ZipFile(zip_path).extractall(root / 'source')
+        os.chmod(root / 'source' / 'run_autograder', 0o755)
+        student = make_class(handouts, tmp_path / f'{who}_class', 5, {'me': mistakes if mistakes is not None else []})
+        (root / 'submission').mkdir()
+        text = (student / 'me' / 'compare.py').read_text()
+        if who == 'attacker':
+            lines = text.split('\n')
+            begins = [i for i, line in enumerate(lines) if line.strip() == '### BEGIN YOUR CODE (assignment 5)']
+            ends = [i for i, line in enumerate(lines) if line.strip() == '### END YOUR CODE (assignment 5)']
+            lines[begins[1] + 1:ends[1]] = (GRADESCOPE_ATTACK % {'root': str(root)}).rstrip('\n').split('\n')
+            text = '\n'.join(lines)
+        (root / 'submission' / 'compare.py').write_text(text)
+        p = subprocess.run(['bash', str(root / 'source' / 'run_autograder')], capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable,
+                                    COURSE_SECRET='hunter2'))
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        results = json.load(open(root / 'results' / 'results.json'))
+        assert results['max_score'] == 6 and len(results['tests']) == 3
+        if who == 'honest':
+            assert results['score'] == 6, results
+        elif who == 'wrong':
+            assert 0 < results['score'] < 6 and 'sd is not what it should be' in json.dumps(results)
+        else:
+            assert results['score'] == 0 and 'found: []' in json.dumps(results), results
+    time.sleep(1)
+    assert not lingering('rdattnres-gradescope-lingerer')
+
+
+def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
+    handout = tmp_path / 'handout'
+    course.handout(1, str(handout))
+    good = (handout / 'model.py').read_text()
+    cases = {'missing': None, 'empty': b'', 'markers removed': good.replace('### BEGIN YOUR CODE', '# ').encode(),
+             'not UTF-8': good.replace('raise NotImplementedError', 'x = "caf\udce9"; raise NotImplementedError')
+                              .encode('utf-8', 'surrogateescape')}
+    for name, content in cases.items():
+        sub = tmp_path / name.replace(' ', '_')
+        sub.mkdir()
+        if content is not None:
+            (sub / 'model.py').write_bytes(content)
+        tree = tmp_path / f'tree_{sub.name}'
+        problem, _ = course.grading_tree(1, str(sub), str(tree))
+        if name == 'not UTF-8':   # read with a replacement character: graded as the code it is
+            assert problem is None and 'x = "caf\ufffd"' in (tree / 'model.py').read_text()
+        elif name == 'missing':
+            assert problem == 'model.py is missing from the submission'
+        else:
+            assert "regions were found: put the markers back" in problem, (name, problem)
+
+
+def test_a_handout_is_a_working_project(handouts):
+    # the release (every handout holds the same files): its whole test suite collects, every project module its
+    # code imports is in it, and every code file its pages name is in it (the instructor's kit, named as such,
+    # apart). That each of its tests passes or fails with a stub's message: run its suite (COURSE.md).
+    import ast
+    import fnmatch
+    folder = handouts / 'h1'
+    files = {os.path.relpath(os.path.join(d, f), folder) for d, _, names in os.walk(folder) for f in names}
+    modules = {f[:-3].replace('/', '.') for f in files if f.endswith('.py')} | {os.path.basename(f)[:-3] for f in files
+                                                                                if f.endswith('.py')}
+    for f in files:
+        if f.endswith('.py'):
+            for node in ast.walk(ast.parse(open(folder / f).read())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                for name in names:
+                    top = name.split('.')[0]
+                    if os.path.exists(os.path.join(HERE, top + '.py')) and not (
+                            f == 'course.py' and top + '.py' in course.INSTRUCTOR_ONLY):   # (grading: the instructor's)
+                        assert top in modules, f"{f} imports {top}, which the handout does not hold"
+        if f.endswith('.md'):
+            for named in re.findall(r'[\w./*-]+\.(?:py|sh)\b', open(folder / f).read()):   # (a name or a glob)
+                assert os.path.basename(named) in course.INSTRUCTOR_ONLY or any(
+                    fnmatch.fnmatch(g, named) or fnmatch.fnmatch(g, '*/' + named) or fnmatch.fnmatch(os.path.basename(g), named)
+                    for g in files), f"{f} names {named}"
+    p = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider'], cwd=folder,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and 'error' not in p.stdout.split('\n')[-2].lower(), p.stdout[-3000:]

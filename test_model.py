@@ -153,13 +153,19 @@ def some_sources(seed=4, n=3):
 def test_a_read_point_has_one_query_per_route(mode):
     read = perturbed_block(mode).attn_read
     sources, log = some_sources(), []
-    h = read(sources, log)
+    try:
+        h = read(sources, log)
+    except (IndexError, RuntimeError) as e:
+        pytest.fail(f"concept 'one query per route, the key gain folded in': the read of {mode} raised {e!r}: one "
+                    "query row per route of self.routes, also when two routes share one query name")
     # one row per route, in the order of ATTENTION_ROUTES, each query with the key gain folded in;
     # ctrl_dup's two routes share one query and are still two reads
     names = list(ATTENTION_ROUTES[mode].values())
     expected, _ = depth_read(sources, torch.stack([getattr(read, n) * read.key_gain for n in names]))
-    torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12)
-    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode])
+    torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12, msg=f"concept 'one query per route, the key gain folded in': the reads of {mode} differ from one "
+                               "read per route (in the order of self.routes, a shared query still two rows), each "
+                               "query times the key gain")
+    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), f"concept 'one query per route, the key gain folded in': one logged read per route, in order"
 
 
 @pytest.mark.assignment2
@@ -172,10 +178,13 @@ def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
     if mode == 'ctrl_params':
         h = h * block.attn_input_gain
     # Q/K from the first route, V from the last, both through the attention's pre-norm (not norm_mlp)
-    torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-12, atol=1e-12,
+                               msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_qk of {mode} is not the first route's read through norm_attn")
+    torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-12, atol=1e-12,
+                               msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_v of {mode} is not the last route's read through norm_attn (the "
+                                   "attention's own pre-norm, not norm_mlp)")
     if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different queries: two inputs
-        assert (x_qk - x_v).abs().max() > 1e-3
+        assert (x_qk - x_v).abs().max() > 1e-3, f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': two routes with different queries give two inputs"
     assert len(log) == len(ATTENTION_ROUTES[mode])
 
 
@@ -197,7 +206,8 @@ def test_tied_value_query_gives_one_input_and_splits_the_gradient():
     p_qk, p_v = parent.attn_inputs(sources)
     (p_qk.square().sum() + 2 * p_v.sum()).backward()
     torch.testing.assert_close(parent.attn_read.attn_query.grad, read.attn_query.grad + read.value_query.grad,
-                               rtol=1e-10, atol=1e-12)
+                               rtol=1e-10, atol=1e-12, msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': with value_query = attn_query, rd_attnres must be "
+                                                           "attnres, its gradient split between the two queries")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,15 +377,58 @@ def test_routing_records_every_read_point(mode, S):
     first, second = ('heads1', 'heads2') if mode == 'ctrl_heads' else ('qk', 'v')
     expected = {(l, first if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
     expected |= {(l, second) for l in range(0, L, 2)} if two else set()
-    assert set(routes) == expected
+    assert set(routes) == expected, f"concept 'every read point reads its sources and is recorded': the logged (sublayer, route) pairs are not one per read; pass `log` to every read"
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
-        assert alpha.shape == (n,), (l, route)
+        assert alpha.shape == (n,), f"concept 'every read point reads its sources and is recorded': sublayer {l} ({route}) read {alpha.shape[0]} sources, not {n} (S = {S})"
         torch.testing.assert_close(alpha.sum(), torch.tensor(1.0, dtype=alpha.dtype))
         assert (alpha >= 0).all()
     assert [(l, R, n) for l, R, n in model.read_points()] == [
         (l, 2 if two and l % 2 == 0 and l < L else 1, expected_sources(l, S) if l < L else 1 + math.ceil(L / S))
         for l in range(L + 1)]
+
+
+class Constant(torch.nn.Module):
+    """A sublayer that outputs the same vector whatever its input."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self, *args):
+        return self.value.expand(1, 1, -1)
+
+
+@pytest.mark.assignment3
+@pytest.mark.parametrize('S, expected', [
+    # n_layer = 2: four sublayers, numbered l = 0..3 (attention, MLP, attention, MLP); sublayer l outputs
+    # (l + 1) * u, the embedding is e. The sources of each read, then of the final read:
+    (2, [['e'], ['e', '1u'], ['e', '3u'], ['e', '3u', '3u'], ['e', '3u', '7u']]),     # blocks {0, 1} {2, 3}
+    (3, [['e'], ['e', '1u'], ['e', '3u'], ['e', '6u'], ['e', '6u', '4u']]),           # blocks {0, 1, 2} {3}
+])
+def test_sources_are_increments_by_hand(S, expected, monkeypatch):
+    from model import DepthRead
+    e, u = torch.tensor([1.0, 0, 0, 0], dtype=torch.float64), torch.tensor([0, 1.0, 0, 0], dtype=torch.float64)
+    model = GPT(GPTConfig(block_size=4, vocab_size=8, n_layer=2, n_head=2, n_embd=4, residual='attnres',
+                          attnres_block_size=S)).double()
+    with torch.no_grad():
+        model.transformer.wte.weight[0] = e
+    for layer, block in enumerate(model.transformer.h):
+        block.attn, block.mlp = Constant((2 * layer + 1) * u), Constant((2 * layer + 2) * u)
+    seen, forward = [], DepthRead.forward
+
+    def recorded(self, sources, log=None):
+        seen.append([x[0, 0] for x, _ in sources])
+        return forward(self, sources, log)
+    monkeypatch.setattr(DepthRead, 'forward', recorded)
+    model(torch.zeros(1, 1, dtype=torch.long))
+    named = {'e': e, **{f'{k}u': k * u for k in range(1, 8)}}
+    said = [[next((k for k, v in named.items() if torch.allclose(x, v)), str([round(t, 3) for t in x.tolist()]))
+             for x in xs] for xs in seen]
+    assert said == expected, (f"concept 'sources are increments: the embedding, finished blocks, the partial': with S = {S} the reads saw the sources {said}, not {expected}. b_0 is the "
+                              "embedding alone; a block's source is the sum of its own sublayers' outputs (not a running "
+                              "sum, the embedding never added in); the partial is the current block's sum so far; the "
+                              "last, shorter block is closed before the final read")
 
 
 @pytest.mark.assignment1
@@ -384,12 +437,31 @@ def test_depth_read_is_a_per_token_softmax_mixture():
     values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
     queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
     h, alpha = depth_read([source(v) for v in values], queries)
-    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3)
-    torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64))
+    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
+    torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64),
+                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
     # token (0, 3), route 1, by hand
     keys = [F.rms_norm(v[0, 3], (8,), eps=1e-6) for v in values]
     a = torch.stack([queries[1] @ k for k in keys]).softmax(0)
-    torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)))
+    torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)),
+                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': one token's read differs from the equations")
+
+
+@pytest.mark.assignment1
+def test_depth_read_of_two_sources_by_hand():
+    # two sources, d = 2, one query: numbers to check on paper
+    #   x_a = [3, 4]: rms = sqrt((9 + 16) / 2) = 3.5355    x_b = [1, -1]: rms = 1        w = [1, 1]
+    #   logit_a = (3 + 4) / 3.5355 = 1.9799                 logit_b = (1 - 1) / 1 = 0    (no 1/sqrt(d))
+    #   alpha = softmax([1.9799, 0]) = [0.8787, 0.1213]
+    #   h = 0.8787 * [3, 4] + 0.1213 * [1, -1] = [2.7573, 3.3934]     (the raw sources mixed)
+    xa, xb = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64), torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
+    h, alpha = depth_read([source(xa), source(xb)], torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    torch.testing.assert_close(alpha[0, 0, 0], torch.tensor([0.8787, 0.1213], dtype=torch.float64), atol=1e-4, rtol=0,
+                               msg=lambda m: f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha of the worked example is {alpha[0, 0, 0].tolist()}, not "
+                                             "[0.8787, 0.1213]: logit = w . x / rms(x), no 1/sqrt(d), softmax over the sources")
+    torch.testing.assert_close(h[0, 0, 0], torch.tensor([2.7573, 3.3934], dtype=torch.float64), atol=1e-4, rtol=0,
+                               msg=lambda m: f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h of the worked example is {h[0, 0, 0].tolist()}, not "
+                                             "[2.7573, 3.3934]: the values are the raw sources, mixed by alpha")
 
 
 def test_fixed_value_route_stays_uniform_while_qk_learns():
@@ -471,11 +543,11 @@ def test_every_pseudo_query_gets_a_gradient(mode):
     for name, p in model.named_parameters():
         if name.split('.')[-1] not in QUERY_NAMES:
             continue
-        assert p.grad is not None, name                    # present, so DDP never waits for it
+        assert p.grad is not None, f"concept 'every pseudo-query learns': {name} has no gradient: every read must take part in the forward pass"
         if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query', 'heads2_query')):
             assert torch.equal(p.grad, torch.zeros_like(p)), name   # one source: softmax is constant 1
         else:
-            assert p.grad.abs().max() > 0, name
+            assert p.grad.abs().max() > 0, f"concept 'every pseudo-query learns': {name} gets a zero gradient: its read must feed the output"
 
 
 def test_every_parameter_gets_a_gradient_at_init():
@@ -533,11 +605,14 @@ def test_depth_read_normalises_the_keys_but_mixes_the_raw_values():
     h, alpha = depth_read([source(x) for x in xs], queries)
     h10, alpha10 = depth_read([source(xs[0]), source(10 * xs[1]), source(xs[2])], queries)
     # a source's scale does not change its key (up to RMSNorm's eps) ...
-    torch.testing.assert_close(alpha10, alpha, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5)   # ... its value is mixed as it is
+    torch.testing.assert_close(alpha10, alpha, rtol=1e-5, atol=1e-6,
+                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
+    torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5,   # ... its value is mixed as it is
+                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
     h0, alpha0 = depth_read([source(x) for x in xs], torch.zeros(2, 8, dtype=torch.float64))
-    torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3))  # zero query: the uniform average
-    torch.testing.assert_close(h0[0], sum(xs) / 3)
+    torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3),  # zero query: the uniform average
+                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
+    torch.testing.assert_close(h0[0], sum(xs) / 3, msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query reads the plain average of the sources")
 
 
 @pytest.mark.assignment1
@@ -549,9 +624,12 @@ def test_reads_stay_float32_under_bf16_autocast():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         h, alpha = depth_read([source(v) for v in values], queries)
     exact_h, exact_alpha = depth_read([source(v.double()) for v in values], queries.double())
-    assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64
-    torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6)   # not rounded to bf16
-    torch.testing.assert_close(h.double(), exact_h, rtol=1e-5, atol=1e-5)
+    assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64, \
+        f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
+    torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6,   # not rounded to bf16
+                               msg=f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': alpha under autocast was computed in bf16: turn autocast off for the read")
+    torch.testing.assert_close(h.double(), exact_h, rtol=1e-5, atol=1e-5,
+                               msg=f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': h under autocast was computed in bf16: turn autocast off for the read")
 
 
 class RecordOps(torch.overrides.TorchFunctionMode):
@@ -570,8 +648,9 @@ def test_depth_read_uses_no_matmul():
     values = [torch.randn(2, 3, 8) for _ in range(3)]
     with RecordOps() as ops:
         depth_read([source(v) for v in values], torch.randn(2, 8))
-    assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot',
-                              'inner', 'dot', 'baddbmm'} & set(ops.names)
+    used = {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot', 'inner', 'dot',
+            'baddbmm'} & set(ops.names)
+    assert ops.names and not used, f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': the read uses {sorted(used)}: compute each logit as (x * q).sum(-1)"
 
 
 def test_model_routing_stays_float32_under_bf16_autocast():

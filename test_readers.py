@@ -525,26 +525,3 @@ def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, 
     assert train_here(data_dir, out, '--init_from=auto', '--max_iters=4') == 0
     assert study.is_finished(str(out))
     assert json.loads(log.read_text().split('\n')[-2])['val_loss'] == json.loads(rows[-1])['val_loss']
-
-
-def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
-    import course
-    handout = tmp_path / 'handout'
-    course.handout(1, str(handout))
-    good = (handout / 'model.py').read_text()
-    cases = {'missing': None, 'empty': b'', 'markers removed': good.replace('### BEGIN YOUR CODE', '# ').encode(),
-             'not UTF-8': good.replace('raise NotImplementedError', 'x = "caf\udce9"; raise NotImplementedError')
-                              .encode('utf-8', 'surrogateescape')}
-    for name, content in cases.items():
-        sub = tmp_path / name.replace(' ', '_')
-        sub.mkdir()
-        if content is not None:
-            (sub / 'model.py').write_bytes(content)
-        tree = tmp_path / f'tree_{sub.name}'
-        problem, _ = course.grading_tree(1, str(sub), str(tree))
-        if name == 'not UTF-8':   # read with a replacement character: graded as the code it is
-            assert problem is None and 'x = "caf\ufffd"' in (tree / 'model.py').read_text()
-        elif name == 'missing':
-            assert problem == 'model.py is missing from the submission'
-        else:
-            assert "regions were found: put the markers back" in problem, (name, problem)

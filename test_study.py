@@ -41,7 +41,8 @@ def test_cpu_plan_is_the_study_that_was_run():
     third = [r for r in runs if '/main_fp32/' in r.out_dir]
     assert [(r.seed, r.overrides[0]) for r in third[:3]] == [(1, f'--residual={m}') for m in
                                                             ('attnres', 'rd_attnres', 'ctrl_heads')]
-    assert all('--dtype=float32' in r.overrides for r in third) and len(third) == 15
+    assert all('--dtype=float32' in r.overrides for r in third) and len(third) == 30   # seeds 1-10, whole seeds first
+    assert [r.seed for r in third] == [seed for seed in range(1, 11) for _ in range(3)]
 
 
 def test_dry_run_lists_the_queue_and_estimates_the_time(capsys, tmp_path):
@@ -151,7 +152,6 @@ def test_runs_of_a_study_share_one_compile_cache(tmp_path, monkeypatch):
     assert seen.read_text() == '/scratch/my-cache'
 
 
-# ---------------------------------------------------------------------------------------------
 def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, capsys):
     from test_compare import make_run
     root = tmp_path / 'root'
@@ -169,6 +169,7 @@ def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, c
     assert '- runs/notes: no config.json' in reports[0]
 
 
+# ---------------------------------------------------------------------------------------------
 # scripts/slurm_study.sh, with stand-ins for srun and scontrol
 
 SLURM = os.path.join(HERE, 'scripts', 'slurm_study.sh')

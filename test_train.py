@@ -112,11 +112,25 @@ def test_paper_configs_follow_the_recipe():
 def test_data_order_is_a_seeded_permutation_of_whole_windows():
     n, per_step = 50, 8
     seen = [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]  # 56 = one epoch and a bit
-    assert sorted(seen[:n]) == list(range(n))             # each window once per epoch
+    assert sorted(seen[:n]) == list(range(n)), f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': an epoch takes each window once"
     assert seen == [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=3)]
-    assert seen != [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=4)]
-    assert seen[n:] != seen[:6]                           # the next epoch is another permutation
-    assert all(isinstance(w, int) for w in seen)          # a list of Python ints
+    assert seen != [w for s in range(7) for w in common.step_windows(s, n, per_step, seed=4)], \
+        f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': the order depends on the seed (window_order(n_windows, seed, epoch))"
+    assert seen[n:] != seen[:6], f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': the next epoch is another permutation (window_order of epoch 1)"
+    assert all(isinstance(w, int) for w in seen), f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': return a list of Python ints"
+
+
+@pytest.mark.assignment4
+def test_data_order_by_hand():
+    # 5 windows, W = 3 per step: the order is the epochs' permutations one after another,
+    #   epoch 0 = window_order(5, seed, 0) = [a0, a1, a2, a3, a4], epoch 1 = window_order(5, seed, 1) = [b0, ...]
+    #   step 0 = [a0, a1, a2]   step 1 = [a3, a4, b0] (it crosses into epoch 1)   step 2 = [b1, b2, b3]
+    a, b = common.window_order(5, 1, 0).tolist(), common.window_order(5, 1, 1).tolist()
+    for step, expected in enumerate(([a[0], a[1], a[2]], [a[3], a[4], b[0]], [b[1], b[2], b[3]])):
+        got = common.step_windows(step, 5, 3, seed=1)
+        assert list(got) == expected, (f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': step {step} of 5 windows, 3 per step, gave {list(got)}, not "
+                                       f"{expected}: positions [step*W, (step+1)*W) of epoch 0's permutation, then "
+                                       "epoch 1's, ...")
 
 
 @pytest.mark.assignment4
@@ -127,8 +141,9 @@ def test_data_order_is_the_whole_step_whatever_the_processes(monkeypatch):
     for rank, world in ((1, 2), (3, 8)):
         for key, value in dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world).items():
             monkeypatch.setenv(key, str(value))
-        assert [common.step_windows(s, 50, 8, seed=3) for s in range(10)] == alone
-    assert all(len(w) == 8 for w in alone)
+        assert [common.step_windows(s, 50, 8, seed=3) for s in range(10)] == alone, \
+            f"concept 'the same order on any number of processes': rank {rank} of {world} got another order: return the whole step, whoever asks"
+    assert all(len(w) == 8 for w in alone), f"concept 'the same order on any number of processes': a step is all W windows, not one rank's share"
 
 
 def test_lr_warmup_starts_above_zero_and_decays_to_ten_percent():

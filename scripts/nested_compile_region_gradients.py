@@ -2,7 +2,7 @@
 Hierarchical compilation of the two-phase read (torch.compiler.nested_compile_region) and its gradients:
 a model of the read's shape, outside the project, whose compiled gradients are checked against eager.
 
-    python results/nested_compile_region_gradients.py
+    python scripts/nested_compile_region_gradients.py
 
 Each sublayer is a region (compiled once, reused): the first of an AttnRes block takes the read's input,
 a later one also the block's partial (x, 1/rms(x)); a closed block's partial is pushed onto the finished
