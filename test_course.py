@@ -638,10 +638,11 @@ STUBBED = {1: [('model', None, 'depth_read')], 2: [('model', 'DepthRead', 'queri
            5: [('compare', None, 'sign_test_p'), ('compare', None, 'paired_stats')]}
 
 
-def test_no_function_in_a_handout_passes_the_assignment_it_stubs(handouts, monkeypatch):
+def test_no_function_in_a_handout_passes_the_assignment_it_stubs(handouts, monkeypatch, tmp_path):
     # every function of a handout's Python files, put in place of one function it stubs (same number of
     # parameters; the assignment's other functions stubbed as in the handout), must fail every concept:
     # the release ships no other way to an answer
+    monkeypatch.chdir(tmp_path)   # (a candidate may write files where it runs: the test's folder, not the project)
     import ast
     import importlib
     import inspect
