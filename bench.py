@@ -64,11 +64,12 @@ DEFAULTS = dict(
 def build(cfg, mode, device):
     """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase': its reads computed in two phases
     (two_phase_read.py) instead of the plain read."""
+    from two_phase_read import TwoPhaseGPT
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
-    model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                          block_size=cfg['block_size'], residual=residual, attnres_block_size=cfg['attnres_block_size'],
-                          depth_read=variant or 'plain')).to(device)
+    model = (TwoPhaseGPT if variant == 'two_phase' else GPT)(GPTConfig(
+        n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'], block_size=cfg['block_size'],
+        residual=residual, attnres_block_size=cfg['attnres_block_size'])).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
     runner = torch.compile(model) if cfg['compile'] and not cfg['compile_regional'] else model
     if cfg['compile'] and cfg['compile_regional']:
@@ -96,7 +97,8 @@ def bench_data(cfg):
     are an untouched in-memory array of data_windows windows (its pages read as zeros without any I/O),
     i.e. a token file already in the page cache: what is timed is the loop's own work, not the disk."""
     import numpy as np
-    from common import get_windows, step_windows
+    from common import get_windows
+    from train import step_windows
     T, B, world = cfg['block_size'], cfg['batch_size'], cfg['data_ranks']
     windows_per_step = 2 ** 19 // T
     data = np.zeros(cfg['data_windows'] * T + 1, dtype=np.uint16)

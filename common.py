@@ -2,7 +2,8 @@
 What the scripts share (nanochat keeps the same kind of helpers in its common.py):
 
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, schedule_length, model_problems
-  - the paired data order: window_order, step_windows, windows_hash, get_windows
+  - training windows: get_windows (indices to tensors), windows_hash (a step's fingerprint); the paired
+    data order itself is train.py's
   - device and precision: resolve_device, resolve_dtype, check_device, detect_peak_flops, tune_cpu_allocator
 
 The files of a run (config.json, log.jsonl, ckpt.pt, the lock, atomic writes) are run_files.py's.
@@ -11,7 +12,6 @@ of them imports train.py but study.py's time estimate. torch is imported inside 
 it, because prepare.py's worker processes import this module too and have no use for it.
 """
 
-import functools
 import hashlib
 
 import numpy as np
@@ -33,30 +33,7 @@ def schedule_length(cfg):
 
 
 # -----------------------------------------------------------------------------
-# The paired data order: one global sequence of training windows, keyed by the seed
-
-@functools.lru_cache(maxsize=2)  # a step spans at most two epochs: each permutation is built once
-def window_order(n_windows, seed, epoch):
-    """The permutation of training windows for one pass over the data, keyed by (seed, epoch)."""
-    order = np.random.default_rng([seed, epoch]).permutation(n_windows)
-    order.flags.writeable = False  # shared by every step of the epoch
-    return order
-
-
-def step_windows(step, n_windows, windows_per_step, seed):
-    """Indices of the windows that optimizer step `step` trains on, a list of ints in order, all ranks
-    together: the slice [step * W, (step + 1) * W) of the endless sequence of epochs. It depends on
-    nothing but the seed, the step and the batch in windows, so every arm of a seed, on any number of
-    processes and with any micro-batch size, trains on the same windows at the same step."""
-    ### BEGIN SOLUTION 4
-    first = step * windows_per_step
-    out = []
-    while len(out) < windows_per_step:
-        epoch, offset = divmod(first + len(out), n_windows)
-        out.extend(window_order(n_windows, seed, epoch)[offset:offset + windows_per_step - len(out)].tolist())
-    ### END SOLUTION
-    return out
-
+# Training windows as tensors, and a step's fingerprint (the order itself is train.py's)
 
 def windows_hash(windows):
     """A short fingerprint of a step's windows, logged so that anyone can check that two arms were paired."""
@@ -160,7 +137,7 @@ def tune_cpu_allocator():
 
 def model_problems(cfg):
     """What is wrong with the model keys of a configuration ([] if nothing): train.py's own (run_control.validate)
-    and a saved model's, a checkpoint's or a weights file's header (run_files.model_config), checked alike."""
+    and a saved model's, a checkpoint's or a weights file's header, checked alike."""
     from model import GPTConfig
     bad = [f"{k} is missing" for k in MODEL_KEYS if k not in cfg]
     bad += [f"{k}={cfg[k]!r} is not {'a string' if k == 'residual' else 'an integer'}" for k in MODEL_KEYS
@@ -171,14 +148,7 @@ def model_problems(cfg):
     bad = [f"{k}={cfg[k]!r} must be > 0" for k in MODEL_KEYS if k != 'residual' and cfg[k] <= 0]
     if not bad:
         try:
-            GPTConfig(vocab_size=50304, depth_read=cfg.get('depth_read', 'plain'), **{k: cfg[k] for k in MODEL_KEYS})
+            GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})
         except ValueError as e:
             bad.append(str(e))
     return bad
-
-
-def read_log(path):
-    """The rows of a log.jsonl: run_files.read_log (the one reader), kept under this name for the course kit's
-    checks, which import this module. Imported here, not at the top: a grading sandbox holds this file alone."""
-    from run_files import read_log
-    return read_log(path)

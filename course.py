@@ -21,7 +21,7 @@ in order. The tests of an assignment carry a marker (pytest -m assignmentN) and 
 
 Grading takes *only the lines between a student's markers* into a copy of the few files the grader needs
 (nothing else of the student's folder is used) and never runs them in the process that decides the marks:
-course_grader.py runs each concept's probes in a sandbox (bubblewrap, one per submission) with the
+course_kit/grader.py runs each concept's probes in a sandbox (bubblewrap, one per submission) with the
 student's code and on the instructor's own code, and compares. Each assignment has a few concepts, each
 worth some marks, earned when all of its probes match. The grader, its inputs and its checks are never handed out.
 """
@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXIT_NOT_GRADED = 3   # grade's exit status when a submission could not be graded (0: all full marks, 1: some not)
 
 
-ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the grader: course_grader.py
+ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the grader: course_kit/grader.py
     1: dict(title="The depth read",
             task="implement the depth read: logits = (x_s * q_r).sum(-1) * (1/rms(x_s)) per source and route "
                  "(an elementwise product and a sum, no matmul, no 1/sqrt(d)), a softmax over the sources and "
@@ -55,7 +55,8 @@ ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the
     3: dict(title="The block bookkeeping",
             task="keep the sources: the embedding as its own source, the partial of the current AttnRes block "
                  "(a sum of the block's outputs, the embedding never added in), a block closed after its S-th "
-                 "sublayer, then the final read over all blocks"),
+                 "sublayer, then the final read over all blocks; sublayer l's output is "
+                 "self.sublayer(l, self.read_point(l)(sources, log))"),
     4: dict(title="The paired data order",
             task="the windows of optimizer step `step`, all ranks together, as a list of ints: the slice "
                  "[step*W, (step+1)*W) of the epochs' seed-keyed permutations (window_order), crossing into the "
@@ -68,11 +69,13 @@ ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the
 # file it names is there), but the instructor's kit (the grader, the sandbox's worker, the hidden checks and the
 # kit's own tests) and the study's runs and measurements (data, not code: large, and of no use to an answer).
 # The instructor's part of COURSE.md is cut from a handout's copy (INSTRUCTORS_PART on).
-INSTRUCTOR_ONLY = ('course_grader.py', 'course_worker.py', 'test_hidden.py', 'test_course.py', 'test_course_check.py')
+INSTRUCTOR_ONLY = ('course_kit/', 'tests/test_hidden.py', 'tests/test_course.py', 'tests/test_course_check.py')
 NOT_HANDED_OUT = ('results/', 'study/')
 INSTRUCTORS_PART = '\n## For instructors\n'
 # What the sandbox of a grading run holds: the modules the probes import, and the worker
-GRADING_FILES = ('model.py', 'routing.py', 'common.py', 'run_files.py', 'compare.py', 'course_worker.py')
+GRADING_FILES = ('model.py', 'routing.py', 'common.py', 'run_files.py', 'compare.py', 'train.py', 'configurator.py',
+                 'run_control.py', 'run_dir.py', 'prepare.py')
+WORKER = ('course_kit/worker.py', 'course_worker.py')   # the worker, and its name in the sandbox's tree
 BEGIN = re.compile(r'^(\s*)### BEGIN SOLUTION (\d+)\s*$')
 END = re.compile(r'^\s*### END SOLUTION\s*$')
 # code that computes what assignment n asks a second way (two_phase_read.py): given with n's solution
@@ -149,8 +152,7 @@ def files_of(n, root=HERE):
 
 def handout_files(root=HERE):
     """The project's files that go into a handout: all but INSTRUCTOR_ONLY and NOT_HANDED_OUT."""
-    return [f for f in project_files(root) if os.path.basename(f) not in INSTRUCTOR_ONLY
-            and not f.startswith(NOT_HANDED_OUT)]
+    return [f for f in project_files(root) if not f.startswith(INSTRUCTOR_ONLY + NOT_HANDED_OUT)]
 
 
 def handout(n, out_dir):
@@ -178,10 +180,16 @@ def handout(n, out_dir):
 
 
 def test_files(n, directory):
-    """The test files of `directory` that hold tests of assignment n (only these are collected, so a
-    check needs nothing the other tests need)."""
-    return sorted(f for f in os.listdir(directory) if f.startswith('test_') and f.endswith('.py')
-                  and f'pytest.mark.assignment{n}\n' in open(os.path.join(directory, f)).read())
+    """The test files of `directory` (test_model.py) and of its tests/ that hold tests of assignment n, as
+    paths relative to it (only these are collected, so a check needs nothing the other tests need)."""
+    found = []
+    for folder in ('.', 'tests'):
+        where = os.path.join(directory, folder)
+        if os.path.isdir(where):
+            found += [os.path.normpath(os.path.join(folder, f)) for f in sorted(os.listdir(where))
+                      if f.startswith('test_') and f.endswith('.py')
+                      and f'pytest.mark.assignment{n}\n' in open(os.path.join(where, f)).read()]
+    return found
 
 
 def check(n, directory='.', first=False, **run):
@@ -210,7 +218,7 @@ def read_handed_in(submission, f, follow=True):
     try:
         folder = os.open(submission, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
     except OSError as e:
-        raise NotHandedIn(f"the submission folder is a link: hand in a folder" if e.errno in (errno.ELOOP, errno.ENOTDIR)
+        raise NotHandedIn("the submission folder is a link: hand in a folder" if e.errno in (errno.ELOOP, errno.ENOTDIR)
                           and os.path.islink(submission) else f"the submission folder cannot be read ({e.strerror})")
     try:
         try:   # (O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link is refused, not read)
@@ -252,16 +260,16 @@ def grading_tree(n, submission, tree, follow=True):
     lines_of, graded = {}, files_of(n)
     os.makedirs(tree, exist_ok=True)
     os.chmod(tree, 0o755)
-    for f in GRADING_FILES:
+    for f, to in [(f, f) for f in GRADING_FILES] + [WORKER]:
         with open(os.path.join(HERE, f)) as fin:
             text = fin.read()
-        mine = (stub(text, n) if f.endswith('.py') else text).split('\n')   # the handout's copy of the file
+        ours = (stub(text, n) if f.endswith('.py') else text).split('\n')   # the handout's copy of the file
         if f in graded:
             try:
                 theirs = read_handed_in(submission, f, follow)
             except NotHandedIn as e:
                 return str(e), {}
-            spots = [(first, last) for a, first, last in regions('\n'.join(mine), ANSWER_BEGIN, ANSWER_END) if a == n]
+            spots = [(first, last) for a, first, last in regions('\n'.join(ours), ANSWER_BEGIN, ANSWER_END) if a == n]
             found = answers(theirs, n)
             if len(found) != len(spots):
                 return (f"{f}: {len(found)} of its {len(spots)} '### BEGIN/END YOUR CODE (assignment {n})' regions "
@@ -269,59 +277,22 @@ def grading_tree(n, submission, tree, follow=True):
                         "them are graded)"), {}
             out, prev = [], 0
             for (first, last), (their_first, body) in zip(spots, found):
-                out += mine[prev:first + 1]                     # up to and with the BEGIN marker
+                out += ours[prev:first + 1]                     # up to and with the BEGIN marker
                 for i, line in enumerate(body):                 # (1-based line numbers on both sides)
                     lines_of[(f, len(out) + 1)] = their_first + 2 + i
                     out.append(line)
                 prev = last                                     # from the END marker on
-            mine = out + mine[prev:]
-        path = os.path.join(tree, f)
+            ours = out + ours[prev:]
+        path = os.path.join(tree, to)
         with open(path, 'w') as out:
-            out.write('\n'.join(mine))
+            out.write('\n'.join(ours))
         os.chmod(path, 0o644)
     return None, lines_of
 
 
-# -----------------------------------------------------------------------------
-# Student text (names, messages, lines of code) is shown inert: one line, control characters visible
-
-def shown(text, limit=300):
-    """Text from a submission as it may be shown on a terminal, in a file or a spreadsheet: one line, every
-    character that is not printable (newlines, escape sequences, bidirectional overrides) and every backslash
-    written as an escape, so it cannot draw lines of its own or move the cursor; at most `limit` characters."""
-    text = str(text)
-    out = ''.join(c if c.isprintable() and c != '\\' else
-                  {'\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t'}.get(c) or
-                  (f'\\x{ord(c):02x}' if ord(c) < 0x100 else f'\\u{ord(c):04x}' if ord(c) < 0x10000 else f'\\U{ord(c):08x}')
-                  for c in text[:limit])
-    return out + ('...' if len(text) > limit else '')
-
-
-def shown_name(name):
-    """A student's folder name as shown: inert, and a name that is not in Unicode's composed form (NFC) has its
-    combining marks written as escapes, so two names that differ only in normalisation never look the same."""
-    import unicodedata
-    name = shown(name, 200)
-    if unicodedata.normalize('NFC', name) == name:
-        return name
-    return ''.join(f'\\u{ord(c):04x}' if unicodedata.combining(c) else c for c in name)
-
-
-def spreadsheet_cell(value):
-    """A CSV cell that a spreadsheet does not run: text starting with =, +, -, @, a tab or a CR gets a leading
-    quote (OWASP's advice on CSV injection); numbers stay numbers."""
-    if isinstance(value, str) and value[:1] in ('=', '+', '-', '@', '\t', '\r'):
-        return "'" + value
-    return value
-
-
-def student_said(text, limit=300):
-    """Text that the student's code produced (an exception's message, a line of their file), labelled as theirs."""
-    return f"[from the submission: {shown(text, limit)}]"
-
-
 def their_line(where, lines_of):
     """The worker's 'model.py, line N: text' with N as a line of the student's own file when it is theirs."""
+    from course_kit.grader import student_said
     m = re.match(r'^(\S+\.py), line (\d+): (.*)$', where or '')
     if not m:
         return student_said(where)
@@ -333,7 +304,7 @@ def their_line(where, lines_of):
 
 def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name=None):
     """Grade one submission folder: a dict with the marks of each concept, the total, status and feedback."""
-    import course_grader
+    from course_kit import grader as course_grader
     limit = limit or 60.0
     concepts = course_grader.concepts(n)
     total = sum(c.marks for c in concepts)
@@ -354,7 +325,7 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
                 by_concept[c.name].append(f"         hint: {c.hint}")
     score = sum(marks.values())
     status = 'no answer' if problem else 'timed out' if timed_out else 'graded'
-    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name or shown_name(submission)}"]
+    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name or course_grader.shown_name(submission)}"]
     if problem:
         head.append(f"  not graded: {problem}")
     if timed_out:
@@ -367,7 +338,7 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
 
 def not_graded(n, submission, name, why):
     """The row of a submission whose grading failed (whatever failed, the grader's own code included)."""
-    import course_grader
+    from course_kit import grader as course_grader
     concepts = course_grader.concepts(n)
     head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"]
     by_concept = {c.name: [f"  FAIL 0/{c.marks}  {c.name}"] for c in concepts}
@@ -381,11 +352,12 @@ def not_graded(n, submission, name, why):
 def grade_safely(n, submission, name, limit, sandbox, follow):
     """grade_one inside an error boundary: whatever goes wrong while grading one student gives that student a
     row saying "not graded: <why>", and the class goes on."""
+    from course_kit import grader as course_grader
     try:
         return grade_one(n, submission, limit, sandbox, follow, name)
     except Exception as e:   # noqa: BLE001 (the boundary: a bug of the grader's own included)
         return not_graded(n, submission, name, f"the grader failed on this submission ({type(e).__name__}: "
-                                               f"{shown(e, 200)}); grade it again, or alone, and report the message")
+                                               f"{course_grader.shown(e, 200)}); grade it again, or alone, and report the message")
 
 
 def submissions_in(n, folder):
@@ -393,6 +365,7 @@ def submissions_in(n, folder):
     submission (it holds one of the assignment's files), else each of its subfolders (a class: one folder per
     student). In a class a student's entry that is a link is graded as not handed in (a link hands in someone
     else's folder), and a plain file is skipped and said."""
+    from course_kit.grader import shown_name
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
@@ -418,7 +391,7 @@ def submissions_in(n, folder):
 def gradescope_json(result, n):
     """Gradescope's autograder format (results.json): the score, and one test per concept with its marks
     and feedback."""
-    import course_grader
+    from course_kit import grader as course_grader
     return dict(score=result['score'], max_score=result['total'], execution_time=result['seconds'],
                 output='\n'.join(result['head']),
                 tests=[dict(name=c.name, score=result['marks'][c.name], max_score=c.marks, visibility='visible',
@@ -440,7 +413,7 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     Returns [(name as shown, row)]; a row's status is graded, timed out, no answer or not graded."""
     from concurrent.futures import ThreadPoolExecutor
     import io
-    import course_grader
+    from course_kit import grader as course_grader
     from run_files import atomic_write
     sandbox = 'none' if trusted else sandbox
     try:
@@ -469,13 +442,13 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
         w = csv.writer(book)
         w.writerow(['student', *[c.name for c in concepts], 'total', 'max', 'seconds', 'status'])
         for name, r in rows:
-            w.writerow([spreadsheet_cell(x) for x in (name, *[r['marks'][c.name] for c in concepts], r['score'],
+            w.writerow([course_grader.spreadsheet_cell(x) for x in (name, *[r['marks'][c.name] for c in concepts], r['score'],
                                                        r['total'], r['seconds'], r['status'])])
         atomic_write(os.path.join(out_dir, f'gradebook_assignment{n}.csv'), book.getvalue())
         print(f"wrote {out_dir}/gradebook_assignment{n}.csv and each student's feedback ({len(rows)} students)")
     failed = sum(r['status'] == 'not graded' for _, r in rows)
     print(f"{len(rows)} submissions: {sum(r['score'] == r['total'] for _, r in rows)} with full marks, "
-          f"{failed} not graded" + (f" (their rows say why)" if failed else '') +
+          f"{failed} not graded" + (" (their rows say why)" if failed else '') +
           (f", {len(skipped)} entries skipped" if skipped else ''), flush=True)
     return rows
 
@@ -483,8 +456,7 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
 # -----------------------------------------------------------------------------
 # Gradescope: an autograder zip (setup.sh, run_autograder and what grading needs), run once per submission
 
-AUTOGRADER_FILES = ('course.py', 'course_grader.py', 'course_worker.py', 'model.py', 'routing.py', 'common.py',
-                    'run_files.py', 'compare.py')
+AUTOGRADER_FILES = ('course.py', 'course_kit/__init__.py', 'course_kit/grader.py', WORKER[0], *GRADING_FILES)
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu): Python, bubblewrap (the
 # sandbox the grader runs student code in) and the packages grading needs, torch as its CPU build.
@@ -570,11 +542,11 @@ def main(argv):
     if getattr(args, 'n', 1) not in ASSIGNMENTS:
         raise SystemExit(f"no assignment {args.n}; there are {', '.join(map(str, ASSIGNMENTS))}")
     if args.command == 'list':
-        grader = os.path.exists(os.path.join(HERE, 'course_grader.py'))
+        grader = os.path.exists(os.path.join(HERE, 'course_kit', 'grader.py'))
         for n, a in ASSIGNMENTS.items():
             print(f"{n}. {a['title']} ({', '.join(files_of(n))}): {a['task']}")
             if grader:
-                import course_grader
+                from course_kit import grader as course_grader
                 for c in course_grader.concepts(n):
                     print(f"     {c.marks} marks: {c.name}")
         return 0
@@ -587,8 +559,8 @@ def main(argv):
     elif args.command == 'autograder':
         autograder(args.n, args.zip, args.sandbox)
     else:
-        if not os.path.exists(os.path.join(HERE, 'course_grader.py')):
-            raise SystemExit("course_grader.py is not here: grading needs the instructor's copy of the project")
+        if not os.path.exists(os.path.join(HERE, 'course_kit', 'grader.py')):
+            raise SystemExit("course_kit/grader.py is not here: grading needs the instructor's copy of the project")
         try:
             rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox)
         except SystemExit as e:   # nothing graded: Gradescope's results.json still says why

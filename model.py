@@ -11,20 +11,16 @@ ctrl_heads, our control for "two different reads, whatever the split" (docs/cont
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
-Glossary (README: "The method in a few lines of math")
-    sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers,
-              numbered l = 0 .. L-1 (even: attention, odd: MLP)
-    S         attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); N: a read's sources
-    block     an AttnRes block: S consecutive sublayers. (Not a transformer Block, and not block_size,
-              which is the context length.)
-    source    what a depth read chooses from: b_0 = the token embedding, b_n = the sum of the outputs
-              of the sublayers of AttnRes block n, and the partial
+Glossary (README: "The method in a few lines of math"); each letter has one meaning
+    sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers, l = 0 .. L-1
+    S, N, d   attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); a read's sources; the width
+    AttnRes block  S consecutive sublayers (not a transformer Block, not block_size, the context length)
+    source    what a read chooses from: b_0 = the embedding, b_n = the sum of AttnRes block n's outputs, the partial
     partial   the sum of the outputs of the current AttnRes block so far
-    read      h = sum_s alpha_s * source_s with alpha = softmax_s(w . RMSNorm(source_s)): a learned
-              pseudo-query w against RMS-normalised keys, raw values mixed
-    route     one softmax of a read, with its own pseudo-query: qk (feeds queries and keys; the only
-              route of attnres), v (feeds values: RD-AttnRes), heads1 / heads2 (ctrl_heads: Q, K
-              and V of the first / second half of the heads), mlp, final
+    read      h = sum_s alpha_s * x_s, alpha = softmax_s(w . RMSNorm(x_s)): a learned pseudo-query w against
+              RMS-normalised keys, raw values mixed (h: a read's output; transformer.h, nanoGPT's list of Blocks)
+    route     one softmax of a read, with its own w: qk (feeds queries and keys; attnres's only route), v (feeds
+              values: RD-AttnRes), heads1 / heads2 (ctrl_heads: halves of the heads), mlp, final
 The lines between `### BEGIN SOLUTION n` and `### END SOLUTION` are what assignment n of the course
 kit asks students to write (COURSE.md); Python ignores the markers.
 """
@@ -40,11 +36,9 @@ import torch.nn.functional as F
 from routing import summarise_read
 
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
-# The read before each attention sublayer, per mode: its routes and the pseudo-query each one uses. The
-# first route is always attn_query's, so tying a mode's second query to it gives attnres back; ctrl_dup's
-# two routes share one query (attnres's function at rd_attnres's compute). rd_attnres splits attention's
-# input by role (Q/K from one route, V from the other); ctrl_heads splits it by heads (Q, K and V of heads
-# 1..H/2 from one route, of the others from the other): two learned reads, roles still coupled.
+# The read before each attention sublayer, per mode: its routes and each one's pseudo-query. The first is
+# always attn_query, so tying the second to it gives attnres back (ctrl_dup: attnres's function at
+# rd_attnres's compute). rd_attnres splits attention's input by role, ctrl_heads by heads (roles coupled).
 ATTENTION_ROUTES = {
     'attnres':      {'qk': 'attn_query'},
     'ctrl_params':  {'qk': 'attn_query'},
@@ -65,15 +59,13 @@ class GPTConfig:
     n_embd: int = 768
     residual: str = 'standard'     # one of RESIDUAL_MODES
     attnres_block_size: int = 4    # S: sublayers per AttnRes block (1 = Full AttnRes)
-    depth_read: str = 'plain'      # or 'two_phase': the same reads, computed per block (two_phase_read.py)
 
     def __post_init__(self):   # a bad shape is a message here, not an error deep inside a forward pass
-        if self.residual not in RESIDUAL_MODES or self.depth_read not in ('plain', 'two_phase'):
-            raise ValueError(f"unknown residual={self.residual!r} or depth_read={self.depth_read!r}; choose one of "
-                             f"{', '.join(RESIDUAL_MODES)}, and plain or two_phase")
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'attnres_block_size'):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.residual not in RESIDUAL_MODES:
+            raise ValueError(f"unknown residual={self.residual!r}; choose one of {', '.join(RESIDUAL_MODES)}")
+        for name in [n for n in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'attnres_block_size')
+                     if getattr(self, n) < 1][:1]:
+            raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.residual != 'standard' and self.attnres_block_size > 2 * self.n_layer:
@@ -90,15 +82,9 @@ class GPTConfig:
 # -----------------------------------------------------------------------------
 # The backbone: the same for every residual mode
 
-class RMSNorm(nn.Module):
+def RMSNorm(dim):
     """x / rms(x) * gain, with rms(x) = sqrt(mean(x^2) + eps). No mean subtraction, no bias."""
-
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.weight, RMS_EPS)
+    return nn.RMSNorm(dim, eps=RMS_EPS)
 
 
 def rotary_tables(block_size, head_dim, base=10000.0):
@@ -115,9 +101,8 @@ def apply_rotary(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal attention. Q and K are computed from one input, V from another, so that
-    RD-AttnRes can feed them from two different depth routes; every other mode passes the same
-    tensor twice and gets ordinary attention."""
+    """Multi-head causal attention. Q and K are computed from one input, V from another, so that RD-AttnRes
+    can feed them from two depth routes; attnres passes one tensor twice and gets ordinary attention."""
 
     def __init__(self, config):
         super().__init__()
@@ -130,17 +115,6 @@ class CausalSelfAttention(nn.Module):
         C = x_qk.size(-1)
         q, k = self.c_qk(x_qk).split(C, dim=2)
         return self.attend(q, k, self.c_v(x_v), cos, sin)
-
-    def forward_by_heads(self, x_heads1, x_heads2, cos, sin):
-        """ctrl_heads: x_heads1 is the input of Q, K and V of the first half of the heads, x_heads2 of the
-        other half. Row block h*hd:(h+1)*hd of each projection belongs to head h, so each half is projected
-        by its own rows only: no head is computed twice, and the cost is that of forward()."""
-        C = x_heads1.size(-1)
-        half = C // 2                                              # the rows of heads 1 .. n_head/2
-        w_q, w_k = self.c_qk.weight.split(C)
-        q, k, v = (torch.cat([F.linear(x_heads1, w[:half]), F.linear(x_heads2, w[half:])], dim=-1)
-                   for w in (w_q, w_k, self.c_v.weight))
-        return self.attend(q, k, v, cos, sin)
 
     def attend(self, q, k, v, cos, sin):
         """Causal attention of projected q, k, v (B, T, C), then the output projection."""
@@ -171,18 +145,16 @@ def fp32(x):
 
 
 def source(x):
-    """A depth source as the reads use it: (x in float32, 1/rms(x) of shape (B, T, 1)). The key of a
-    source is RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query (DepthRead), a
-    source's keys cost one (B, T, 1) tensor, computed once per forward, never a normalised copy of x.
-    Sources are float32, like the residual stream of the standard mode under autocast."""
+    """A depth source as the reads use it: (x in float32, like the standard residual stream under autocast,
+    1/rms(x) (B, T, 1)). Its key is RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query
+    (DepthRead), its keys cost one (B, T, 1) tensor per forward, never a normalised copy of x."""
     x = fp32(x)
     return x, torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
 def n_sources(l, S):
-    """Sources of the read before 0-indexed sublayer l: the embedding, the l // S finished blocks, and
-    the partial unless l opens a block. For l = L (the final read, after the last block is closed)
-    the same count is 1 + ceil(L / S): the embedding and every block."""
+    """Sources of the read before sublayer l: the embedding, the l // S finished AttnRes blocks, the partial
+    unless l opens one. For l = L (the final read, the last one closed): 1 + ceil(L / S)."""
     return 1 + l // S + (l % S != 0)
 
 
@@ -198,28 +170,26 @@ def depth_read(sources, queries):
     returns h (R, B, T, d) and alpha (R, B, T, N), both float32 (float64 when the sources are float64).
     """
     x0 = sources[0][0]
-    # Softmax over depth and the weighted sum are done in float32 even under bf16 autocast: the
-    # sources have very different scales and bf16's 8 bits of mantissa would blur the mixture.
-    # Each logit is an elementwise product and a sum, not a matmul: on GPUs with allow_tf32 a matmul
-    # would round its float32 inputs to TF32's 10-bit mantissa. The read is memory-bound, so this
-    # costs about the same (under torch.compile the product and the sum fuse into one kernel).
+    # Float32 even under bf16 autocast: the sources have very different scales, and bf16's 8 bits of mantissa
+    # would blur the mixture. Each logit an elementwise product and a sum, not a matmul: on GPUs with TF32 on a
+    # matmul rounds its inputs to 10 bits. The read is memory-bound, so this costs the same (compiled, it fuses).
     ### BEGIN SOLUTION 1
     with torch.autocast(device_type=x0.device.type, enabled=False):
-        q = queries.to(x0.dtype)                                                          # (R, d)
-        logits = torch.stack([torch.stack([(x * w).sum(-1) for w in q], -1) * inv_rms     # (B, T, R)
-                              for x, inv_rms in sources], -1)                             # (B, T, R, N)
-        alpha = logits.softmax(dim=-1).permute(2, 0, 1, 3)                                # (R, B, T, N)
-        # a running sum instead of stacking the sources: no (S, B, T, d) copy is made or kept for backward
-        h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))              # (R, B, T, d)
+        queries = queries.to(x0.dtype)                                          # (R, d)
+        logits = []
+        for x, inv_rms in sources:                                              # source s: its logit per route
+            logits.append(torch.stack([(x * query).sum(-1) for query in queries]) * inv_rms[..., 0])   # (R, B, T)
+        alpha = torch.stack(logits, -1).softmax(dim=-1)                         # (R, B, T, N)
+        # a running sum instead of stacking the sources: no (N, B, T, d) copy is made or kept for backward
+        h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))    # (R, B, T, d)
     ### END SOLUTION
     return h, alpha
 
 
 class DepthRead(nn.Module):
-    """One read point: the read before a sublayer (or the final one). It owns one pseudo-query per
-    distinct query name of its routes, all zero at init (the paper: no volatility early on; every read
-    starts as the uniform average of its sources), and the gain of its key RMSNorm (ones), which it
-    folds into the queries. Both routes of a two-route read share the sources and the key norm."""
+    """One read point: the read before a sublayer (or the final one). It owns one pseudo-query per distinct
+    query name of its routes, zero at init (the paper: every read starts as the uniform average of its
+    sources), and the gain of its key RMSNorm (ones), folded into the queries; its routes share both."""
 
     def __init__(self, d, sublayer, layer, routes, frozen=()):
         super().__init__()
@@ -267,30 +237,30 @@ class Block(nn.Module):
                                    frozen=('value_query',) if mode == 'ctrl_fixed_v' else ())
         self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'})
         if mode == 'ctrl_params':
-            self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector, spent as a gain
+            self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector (control_attention)
 
-    def attn_inputs(self, sources, log=None, h=None):
-        """The attention sublayer's two inputs, its first route's and its last route's (the same x when there is
-        one route): x_qk feeds queries and keys and x_v values; in ctrl_heads, the two halves of the heads.
-        (h: the read's rows when they were computed elsewhere, by two_phase_read.py)"""
-        h = self.attn_read(sources, log) if h is None else h   # one row per route
-        if self.residual == 'ctrl_params':
-            h = h * self.attn_input_gain
+    def attn_inputs(self, h):
+        """The attention sublayer's two inputs from its read h (R, B, T, d), one row per route: the first
+        route's and the last route's, each through the attention's pre-norm (one route: the same x twice)."""
         ### BEGIN SOLUTION 2
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
         return x[0], x[-1]                                 # one route: both inputs are the same x
         ### END SOLUTION
 
-    def attention(self, sources, cos, sin, log=None, h=None):
-        """The attention sublayer's output from the sources: its read, then attention fed by the routes."""
-        x_qk, x_v = self.attn_inputs(sources, log, h)
-        if self.residual == 'ctrl_heads':     # its two routes feed two halves of the heads, not two roles
-            return self.attn.forward_by_heads(x_qk, x_v, cos, sin)
-        return self.attn(x_qk, x_v, cos, sin)  # route 1 -> Q and K; the last route -> V
+    def attention(self, h, cos, sin):
+        """The attention sublayer's output from its read h (R, B, T, d)."""
+        if self.residual in CONTROLS:
+            return control_attention(self, h, cos, sin)    # the controls: apart, at the end of this file
+        x_qk, x_v = self.attn_inputs(h)
+        if self.residual == 'rd_attnres':
+            # RD-AttnRes, the paper's one idea: matching (queries, keys) reads the depth through the qk
+            # route, retrieval (values) through the v route, each with its own pseudo-query
+            return self.attn(x_qk, x_v, cos, sin)
+        return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds Q, K and V
 
-    def mlp_input(self, sources, log=None, h=None):
-        """The MLP sublayer's input: one read of its own (unchanged by RD-AttnRes)."""
-        return self.norm_mlp((self.mlp_read(sources, log) if h is None else h)[0])
+    def mlp_input(self, h):
+        """The MLP sublayer's input from its read h (1, B, T, d): one route (unchanged by RD-AttnRes)."""
+        return self.norm_mlp(h[0])
 
 
 class GPT(nn.Module):
@@ -313,22 +283,18 @@ class GPT(nn.Module):
         # Paired init: only Linear and Embedding weights draw random numbers, in module order, and every
         # mode has the same ones in the same order; the extra vectors of a mode are zeros or ones, so
         # they never shift the random stream and shared weights are bit-identical across modes.
-        self.apply(self._init_weights)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith('c_proj.weight'):  # outputs written into the residual: scaled by depth (GPT-2)
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         self.record_routing = False  # set True to keep each read's depth distribution in self.routing
         self.routing = []
 
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
     def get_num_params(self):
         # the tied embedding / LM head is counted once; rotary tables are buffers, not parameters
         return sum(p.numel() for p in self.parameters())
-
-    # ---- forward -------------------------------------------------------------------------------
 
     def forward(self, idx, targets=None):
         B, T = idx.size()
@@ -340,9 +306,6 @@ class GPT(nn.Module):
                 a = block.norm_attn(x)
                 x = x + block.attn(a, a, self.rope_cos, self.rope_sin)
                 x = x + block.mlp(block.norm_mlp(x))
-        elif self.config.depth_read == 'two_phase' and not self.record_routing:
-            from two_phase_read import forward_two_phase   # the same function, block by block (its docstring)
-            x = forward_two_phase(self, x)
         else:
             x = self.forward_depth_routed(x)
         x = self.transformer.ln_f(x)
@@ -352,34 +315,41 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
+    def read_point(self, l):
+        """The DepthRead before sublayer l (attention when l is even, MLP when odd); l = L: the final read."""
+        if l == 2 * self.config.n_layer:
+            return self.final_read
+        block = self.transformer.h[l // 2]
+        return block.attn_read if l % 2 == 0 else block.mlp_read
+
+    def sublayer(self, l, h):
+        """The output of sublayer l from its read h (R, B, T, d)."""
+        block = self.transformer.h[l // 2]
+        if l % 2 == 0:
+            return block.attention(h, self.rope_cos, self.rope_sin)
+        return block.mlp(block.mlp_input(h))
+
     def forward_depth_routed(self, embedding):
-        """Every sublayer reads its input from the sources instead of a running sum.
-        Sources are *increments*: the embedding, then one per finished AttnRes block (the sum of its
-        sublayers' outputs, the embedding never added in), plus the partial of the current block."""
-        S = self.config.attnres_block_size
+        """Every sublayer reads its input from the sources instead of a running sum. Sources are *increments*:
+        the embedding, one per finished AttnRes block (the sum of its sublayers' outputs), the partial."""
+        S, L = self.config.attnres_block_size, 2 * self.config.n_layer
         log = [] if self.record_routing else None
         ### BEGIN SOLUTION 3
         finished = [source(embedding)]  # finished sources: b_0 = the embedding, then b_1, b_2, ...
-        partial = None                  # the current block's outputs so far, as a source; None when empty
-        for layer, block in enumerate(self.transformer.h):
-            for l, kind in ((2 * layer, 'attn'), (2 * layer + 1, 'mlp')):   # l: the sublayer's number
-                sources = finished if partial is None else finished + [partial]
-                if kind == 'attn':
-                    out = block.attention(sources, self.rope_cos, self.rope_sin, log)
-                else:
-                    out = block.mlp(block.mlp_input(sources, log))
-                partial = source(out if partial is None else partial[0] + fp32(out))
-                if (l + 1) % S == 0:    # the AttnRes block's S-th sublayer: its partial is now finished
-                    finished.append(partial)
-                    partial = None
-        if partial is not None:         # the last block may be shorter than S
+        partial = None                  # the current AttnRes block's outputs so far, as a source; None when empty
+        for l in range(L):              # l: the sublayer's number
+            sources = finished if partial is None else finished + [partial]
+            out = self.sublayer(l, self.read_point(l)(sources, log))
+            partial = source(out if partial is None else partial[0] + fp32(out))
+            if (l + 1) % S == 0:        # the AttnRes block's S-th sublayer: its partial is now finished
+                finished.append(partial)
+                partial = None
+        if partial is not None:         # the last AttnRes block may be shorter than S
             finished.append(partial)
         h = self.final_read(finished, log)[0]
         ### END SOLUTION
         self.routing = log or []
         return h
-
-    # ---- training and inference helpers (the nanoGPT surface) ----------------------------------
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = [p for p in self.parameters() if p.requires_grad]
@@ -390,16 +360,15 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == 'cuda'))
 
     def read_points(self):
-        """(sublayer, routes, sources) of every depth read of one forward pass, in order; sublayer 2*n_layer is
-        the final read. Empty for the standard residual."""
+        """(sublayer, routes, sources) of every depth read of a forward pass, in order (2*n_layer: the final read)."""
         return [(m.sublayer, len(m.routes), n_sources(m.sublayer, self.config.attnres_block_size))
                 for m in self.modules() if isinstance(m, DepthRead)]
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs (forward + backward = 3x forward) per token, depth reads included."""
         cfg, T = self.config, seq_len or self.config.block_size
-        N, d = self.get_num_params(), cfg.n_embd
-        dense = 6 * N + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
+        n_params, d = self.get_num_params(), cfg.n_embd
+        dense = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
         # a read over N sources and R routes: R*N dot products of length d (logits) and an R-route
         # weighted sum of N vectors of length d, 2 FLOPs per multiply-add each
         reads = sum(4 * d * R * N for _, R, N in self.read_points())
@@ -422,3 +391,30 @@ class GPT(nn.Module):
             idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+# -----------------------------------------------------------------------------
+# The controls (docs/controls.md says what each rules out): the method's reads, another use of them
+
+CONTROLS = ('ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
+
+
+def control_attention(block, h, cos, sin):
+    """The attention sublayer of a control, from its read h (R, B, T, d)."""
+    if block.residual == 'ctrl_params':      # attnres's one read, and the extra vector spent as a gain on it
+        h = h * block.attn_input_gain
+    x_1, x_2 = block.attn_inputs(h)
+    if block.residual == 'ctrl_heads':       # two routes feed two halves of the heads, not two roles
+        return attention_by_heads(block.attn, x_1, x_2, cos, sin)
+    return block.attn(x_1, x_2, cos, sin)    # ctrl_dup, ctrl_fixed_v: rd_attnres's wiring of Q/K and V
+
+
+def attention_by_heads(attn, x_heads1, x_heads2, cos, sin):
+    """ctrl_heads: x_heads1 feeds Q, K and V of the first half of the heads, x_heads2 of the other. Rows
+    h*hd:(h+1)*hd of a projection belong to head h: each half is projected by its own rows, none twice."""
+    C = x_heads1.size(-1)
+    half = C // 2                                                  # the rows of heads 1 .. n_head/2
+    rows_q, rows_k = attn.c_qk.weight.split(C)
+    q, k, v = (torch.cat([F.linear(x_heads1, rows[:half]), F.linear(x_heads2, rows[half:])], dim=-1)
+               for rows in (rows_q, rows_k, attn.c_v.weight))
+    return attn.attend(q, k, v, cos, sin)

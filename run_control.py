@@ -5,14 +5,16 @@ None of it reads the device on a training step: the guards keep their flags on t
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
 
+import inspect
 import os
 import signal
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from common import check_device, model_problems, resolve_dtype, schedule_length
+from common import check_device, model_problems, resolve_device, resolve_dtype, schedule_length
 from prepare import read_dataset
 from run_dir import fail
 from run_files import CHECKPOINT, kept_checkpoint
@@ -83,23 +85,23 @@ def fix_schedule(cfg, master):
              "want, add --train_past_schedule=True.", master)
 
 
-def open_data(cfg, procs, windows_per_step):
+def open_data(cfg, proc, windows_per_step):
     """The prepared bins (one build), the number of training windows, the validation windows."""
     T = cfg['block_size']
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])
     n_windows = (len(train_data) - 1) // T
     if n_windows < windows_per_step:
         fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
-             "prepare more data or lower total_batch_size", procs.master)
+             "prepare more data or lower total_batch_size", proc.master)
     n_eval = (len(val_data) - 1) // T
     if cfg['eval_tokens']:
         n_eval = min(n_eval, cfg['eval_tokens'] // T)
     if n_eval < 1 and cfg['eval_tokens'] and len(val_data) > T:
         fail(f"eval_tokens={cfg['eval_tokens']} is less than one block of block_size={T} tokens: raise eval_tokens "
-             f"(0 = all of val.bin, {len(val_data):,} tokens)", procs.master)
+             f"(0 = all of val.bin, {len(val_data):,} tokens)", proc.master)
     if n_eval < 1:
         fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}: prepare more validation data "
-             "or lower block_size", procs.master)
+             "or lower block_size", proc.master)
     return train_data, val_data, n_windows, n_eval
 
 
@@ -148,27 +150,27 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
-def divergence_message(loss_step, norm_step, now, ckpt_path):
+def divergence_message(loss_step, norm_step, step, ckpt_path):
     """What went non-finite first (-1 = never), and what to do about it."""
     if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
         what = f"training loss at step {loss_step}"
     else:
         what = f"gradient norm at step {norm_step} (the training loss was finite)"
-    return (f"non-finite {what}, noticed at step {now}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
+    return (f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
             "Start again with a lower learning_rate, more warmup_iters or a grad_clip.")
 
 
-def check_in(first_nonfinite, stop_requested, now, ckpt_path, procs):
+def should_stop(first_nonfinite, stop_requested, step, ckpt_path, proc):
     """The ranks agree, in one all-reduce and one read-back at a step where the loop reads the device
     anyway: stop with a message if a loss or gradient norm went non-finite on any rank (first_nonfinite:
     the first step it happened on this rank, -1 = never), and return whether any rank was asked to stop
     by a signal (then all of them stop at this same step)."""
     flags = torch.cat([first_nonfinite, first_nonfinite.new_tensor([int(stop_requested)])])
-    if procs.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
+    if proc.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     loss_step, norm_step, stop = flags.tolist()
     if loss_step >= 0 or norm_step >= 0:
-        fail(divergence_message(loss_step, norm_step, now, ckpt_path), procs.master)
+        fail(divergence_message(loss_step, norm_step, step, ckpt_path), proc.master)
     return stop > 0
 
 
@@ -200,3 +202,47 @@ class SkippedSteps:
             return {}
         fields, self.since_log = dict(skipped_steps=self.since_log, loss_scale=self.scaler.get_scale()), 0
         return fields
+
+
+# -----------------------------------------------------------------------------
+# This process: alone, or one rank of torchrun's
+
+@dataclass
+class ThisProcess:
+    """Who this process is (under torchrun, or alone) and the device it drives."""
+    ddp: bool
+    rank: int
+    world: int
+    device: str        # 'cpu', 'cuda:3', 'mps'
+    device_type: str   # 'cpu', 'cuda', 'mps'
+
+    @property
+    def master(self):  # rank 0 prints, logs and saves
+        return self.rank == 0
+
+
+def start_processes(cfg):
+    ddp = int(os.environ.get('RANK', -1)) != -1  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+    rank, local_rank, world = ((int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))
+                               if ddp else (0, 0, 1))
+    device = resolve_device(cfg['device'])
+    if ddp and device.startswith('cuda'):
+        device = f'cuda:{local_rank}'        # one GPU per process
+        torch.cuda.set_device(device)
+    device_type = 'cuda' if device.startswith('cuda') else device
+    if ddp:
+        torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    return ThisProcess(ddp, rank, world, device, device_type)
+
+
+def wrap_ddp(model, proc):
+    """The model as the step runs it: under DDP, wrapped (gradients all-reduced in buckets); alone, as it is."""
+    if not proc.ddp:
+        return model
+    # The only buffers are the constant rotary tables: never resent (torch >= 2.13 calls this
+    # forward_sync_buffers=False, older releases broadcast_buffers=False). Gradients live in DDP's buckets.
+    DDP = torch.nn.parallel.DistributedDataParallel
+    no_buffer_sync = (dict(forward_sync_buffers=False) if 'forward_sync_buffers' in inspect.signature(DDP).parameters
+                      else dict(broadcast_buffers=False))
+    return DDP(model, device_ids=[torch.device(proc.device)] if proc.device_type == 'cuda' else None,
+               gradient_as_bucket_view=True, **no_buffer_sync)

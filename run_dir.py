@@ -16,7 +16,7 @@ import sys
 from common import FROZEN_ON_RESUME, schedule_length
 from run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                        killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
-                       rewind_log, save_checkpoint, set_rng_states, write_config, write_failed)
+                       rewind_log, save_checkpoint, set_rng_states, write_config, write_failed, is_finished)
 
 
 def fail(message, master=True):
@@ -32,9 +32,9 @@ def saved_config(out_dir):
         return None
 
 
-def frozen_diff(saved, cfg):
-    """{key: (saved value, value now)} for the keys that decide what a run's numbers mean (FROZEN_ON_RESUME)."""
-    return {k: (saved.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME if k in saved and saved.get(k) != cfg.get(k)}
+def frozen_diff(then, cfg):
+    """{key: (value then, value now)} for the keys that decide what a run's numbers mean (FROZEN_ON_RESUME)."""
+    return {k: (then.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME if k in then and then.get(k) != cfg.get(k)}
 
 
 def describe_diff(diff, then, now):
@@ -62,20 +62,20 @@ def no_checkpoint(out_dir):
         f": {without_checkpoint(out_dir, found)}" if found else "; start with --init_from=scratch (or auto)")
 
 
-def hold_out_dir(out_dir, procs):
+def hold_out_dir(out_dir, proc):
     """Hold out_dir (run.lock) on rank 0, or stop saying who holds it. Two runs started into one out_dir at
     the same moment would interleave their logs and overwrite each other's checkpoints: the second is
     refused, before it reads or writes anything there. Then what a run killed mid-write left is removed."""
     import torch
-    master, holder = procs.master, None
+    master, holder = proc.master, None
     if master:
         try:
             holder = lock_out_dir(out_dir)
         except OSError as e:
             raise write_failed(os.path.join(out_dir, LOCK), e, "nothing was written", what=f"to {out_dir}",
                                then="run the same command again") from None
-    if procs.ddp:   # every rank learns whether rank 0 got it
-        busy = torch.tensor([int(holder is not None)], device=procs.device)
+    if proc.ddp:   # every rank learns whether rank 0 got it
+        busy = torch.tensor([int(holder is not None)], device=proc.device)
         torch.distributed.all_reduce(busy)
         holder = holder or ('another run' if busy.item() else None)
     if holder:
@@ -85,7 +85,7 @@ def hold_out_dir(out_dir, procs):
         remove_run_files(out_dir, '.tmp')
 
 
-def claim_out_dir(cfg, procs):
+def claim_out_dir(cfg, proc):
     """Hold out_dir (a run that writes), then decide how this run starts in it; init_from is resolved to
     'scratch' or 'resume'.
     scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
@@ -94,13 +94,13 @@ def claim_out_dir(cfg, procs):
              out_dir holds no run, and start again from scratch when it holds only the beginning of this
              same run, killed before its first checkpoint (nothing trained is lost). Anything else (a
              finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files."""
-    master, out_dir = procs.master, cfg['out_dir']
+    master, out_dir = proc.master, cfg['out_dir']
     has_ckpt = os.path.exists(os.path.join(out_dir, CHECKPOINT))
     if cfg['init_from'] == 'resume' and not has_ckpt:
         fail(no_checkpoint(out_dir), master)   # (said before out_dir is made)
     # what writes holds out_dir: training, and eval_only from a checkpoint (it appends a row to the log)
     if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):
-        hold_out_dir(out_dir, procs)
+        hold_out_dir(out_dir, proc)
     found = existing_run(out_dir)
     if cfg['init_from'] == 'auto':
         cfg['init_from'] = 'resume' if has_ckpt else 'scratch'
@@ -133,11 +133,11 @@ def resume(cfg, model, optimizer, scaler, master):
     if not os.path.exists(ckpt_path):
         fail(no_checkpoint(cfg['out_dir']), master)
     ckpt = load_checkpoint(ckpt_path)
-    saved = dict(ckpt['config'])
-    saved['lr_decay_iters'] = schedule_length(saved)
+    resumed = dict(ckpt['config'])          # the configuration the checkpoint was written with
+    resumed['lr_decay_iters'] = schedule_length(resumed)
     if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
-        cfg['lr_decay_iters'] = saved['lr_decay_iters']
-    diff = frozen_diff(saved, cfg)
+        cfg['lr_decay_iters'] = resumed['lr_decay_iters']
+    diff = frozen_diff(resumed, cfg)
     if diff:
         fail(f"cannot resume {ckpt_path}: it was trained with another configuration "
              f"({describe_diff(diff, 'checkpoint', 'now')}). Use the checkpoint's values or another out_dir.", master)
@@ -146,7 +146,7 @@ def resume(cfg, model, optimizer, scaler, master):
     optimizer.load_state_dict(ckpt['optimizer'])
     scaler.load_state_dict(ckpt['scaler'])
     set_rng_states(ckpt['rng'])
-    return ckpt['step'], ckpt['best_val_loss'], saved
+    return ckpt['step'], ckpt['best_val_loss'], resumed
 
 
 def git_commit():
@@ -165,18 +165,18 @@ class RunRecord:
         self.cfg, self.master, self.tracker = cfg, master, None
         self.log_path, self.ckpt_path = (os.path.join(cfg['out_dir'], n) for n in (LOG, CHECKPOINT))
 
-    def start(self, step, saved, procs, meta):
+    def start(self, step, resumed, proc, meta):
         """A run that trains: the log rewound to the checkpoint, the tracker started, config.json written."""
         import torch
         if not self.master:
             return
-        if saved:
+        if resumed:
             self.rewind(step)
         if self.cfg['wandb_log']:   # before config.json: the tracked run's id goes into it, so that a resume finds it
-            self.tracker = start_wandb(self.cfg, saved)
+            self.tracker = start_wandb(self.cfg, resumed)
         write_config(self.cfg['out_dir'], dict(
-            self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=procs.world,
-            device_name=torch.cuda.get_device_name(procs.device) if procs.device_type == 'cuda' else procs.device, **meta))
+            self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=proc.world,
+            device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device, **meta))
 
     def rewind(self, step):
         """The log up to the checkpoint's step: what was logged after it is trained again. Its rows are read
@@ -204,12 +204,12 @@ class RunRecord:
 # -----------------------------------------------------------------------------
 # Weights & Biases (nanoGPT's wandb_log / wandb_project / wandb_run_name), imported only when on
 
-def start_wandb(cfg, saved):
+def start_wandb(cfg, resumed):
     """One tracked run per training run: the arms of a comparison share a group (shape and budget),
     each is named after its out_dir and tagged with its mode and seed, so that pairs line up in the
     dashboard. The run's id is kept in config.json and the checkpoints: a resume continues it."""
     import wandb
-    cfg['wandb_run_id'] = saved.get('wandb_run_id') or secrets.token_hex(4)   # a new run's id: 8 hex digits
+    cfg['wandb_run_id'] = resumed.get('wandb_run_id') or secrets.token_hex(4)   # a new run's id: 8 hex digits
     group = cfg['wandb_group'] or f"{cfg['n_layer']}x{cfg['n_embd']}_{cfg['block_size']}ctx_{cfg['max_iters']}steps"
     return wandb.init(project=cfg['wandb_project'], name=cfg['wandb_run_name'] or os.path.basename(cfg['out_dir']),
                       group=group, job_type=cfg['residual'], tags=[cfg['residual'], f"seed{cfg['seed']}"],
@@ -248,20 +248,55 @@ def print_step(row, max_iters):
           + f" | eta {format_duration((max_iters - row['step']) * row['dt'])}", flush=True)
 
 
-def print_run_summary(cfg, model, grad_accum, procs, dt_name, train_tokens, n_eval, step):
+def print_run_summary(cfg, model, grad_accum, proc, dt_name, train_tokens, n_eval, step):
     """A few lines that matter; the whole configuration is in out_dir/config.json."""
     T = cfg['block_size']
     print(f"{cfg['residual']} | {cfg['n_layer']} layers x {cfg['n_embd']} ({cfg['n_head']} heads), "
           f"attnres_block_size {cfg['attnres_block_size']}, context {T} | "
           f"{model.get_num_params() / 1e6:.2f}M parameters | seed {cfg['seed']}")
-    print(f"batch: {grad_accum} micro-steps x {procs.world} processes x {cfg['batch_size']} x {T} = "
+    print(f"batch: {grad_accum} micro-steps x {proc.world} processes x {cfg['batch_size']} x {T} = "
           f"{cfg['total_batch_size']:,} tokens per step | {cfg['max_iters']} steps = "
           f"{cfg['max_iters'] * cfg['total_batch_size'] / 1e6:,.1f}M tokens | LR {cfg['learning_rate']:g}, "
           f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
     print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
-          f"{procs.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
+          f"{proc.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
     print(f"eval_only: evaluates {'the checkpoint in ' + cfg['out_dir'] if step else 'the initialisation'} and "
           f"writes {'one eval_only row to log.jsonl' if step else 'nothing'}" if cfg['eval_only'] else
           f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
           + (f" | resumed at step {step}" if step else ''), flush=True)
     sys.stdout.flush()
+
+
+# -----------------------------------------------------------------------------
+# What train.py does besides training: a run with nothing to train, a log step's row
+
+def nothing_to_train(run, step, resumed):
+    """eval_only, or a run already at max_iters: evaluate or say so. Returns the exit code, or None to train."""
+    cfg = run.cfg
+    if cfg['eval_only']:  # evaluate what there is (the checkpoint, or the initialisation), log, exit
+        run.evaluate_log_save(step, float('inf'), False, resumed)
+        return 0
+    if resumed and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
+        if step == resumed['max_iters'] and not is_finished(cfg['out_dir']):   # killed between the final save and its row
+            run.record.rewind(step)
+            run.evaluate_log_save(step, float('inf'), False, resumed)
+        elif run.proc.master:
+            print(f"{cfg['out_dir']}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to "
+                  "do, nothing written", flush=True)
+        return 0
+    return None
+
+
+def step_row(step, cfg, proc, raw_model, loss_sum, norm, lr, dt, first_interval, peak, data_hash, skips):
+    """The log row of a log step (the one read-back of the device since the last one: the loss)."""
+    import math
+    import torch
+    if proc.ddp:
+        torch.distributed.all_reduce(loss_sum)
+    train_loss = loss_sum.item() / proc.world   # .item() waits for the device, so dt is real
+    mfu = (raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, peak, cfg['block_size'])
+           if peak and not first_interval else None)   # (the first interval includes torch.compile's compilation)
+    norm_value = norm.item()
+    return dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=train_loss, lr=lr,
+                norm=norm_value if math.isfinite(norm_value) else None, dt=dt, tok_per_s=cfg['total_batch_size'] / dt,
+                mfu=mfu, data_hash=data_hash, **skips.log_fields())

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from model import ATTENTION_ROUTES, GPT, GPTConfig, RESIDUAL_MODES, depth_read, n_sources, source
+from two_phase_read import TwoPhaseGPT
 from routing import entropy, js_divergence, mean_depth, routing_summary, source_labels
 
 VOCAB = 97
@@ -165,7 +166,7 @@ def test_a_read_point_has_one_query_per_route(mode):
     torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12, msg=f"concept 'one query per route, the key gain folded in': the reads of {mode} differ from one "
                                "read per route (in the order of self.routes, a shared query still two rows), each "
                                "query times the key gain")
-    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), f"concept 'one query per route, the key gain folded in': one logged read per route, in order"
+    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), "concept 'one query per route, the key gain folded in': one logged read per route, in order"
 
 
 @pytest.mark.assignment2
@@ -173,10 +174,8 @@ def test_a_read_point_has_one_query_per_route(mode):
 def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
     block = perturbed_block(mode)
     sources, log = some_sources(), []
-    x_qk, x_v = block.attn_inputs(sources, log)
-    h = block.attn_read(sources)
-    if mode == 'ctrl_params':
-        h = h * block.attn_input_gain
+    h = block.attn_read(sources, log)
+    x_qk, x_v = block.attn_inputs(h)
     # Q/K from the first route, V from the last, both through the attention's pre-norm (not norm_mlp)
     torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-12, atol=1e-12,
                                msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_qk of {mode} is not the first route's read through norm_attn")
@@ -184,7 +183,7 @@ def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
                                msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_v of {mode} is not the last route's read through norm_attn (the "
                                    "attention's own pre-norm, not norm_mlp)")
     if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different queries: two inputs
-        assert (x_qk - x_v).abs().max() > 1e-3, f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': two routes with different queries give two inputs"
+        assert (x_qk - x_v).abs().max() > 1e-3, "concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': two routes with different queries give two inputs"
     assert len(log) == len(ATTENTION_ROUTES[mode])
 
 
@@ -195,7 +194,7 @@ def test_tied_value_query_gives_one_input_and_splits_the_gradient():
     with torch.no_grad():
         read.value_query.copy_(read.attn_query)
     sources = some_sources()
-    x_qk, x_v = block.attn_inputs(sources)
+    x_qk, x_v = block.attn_inputs(read(sources))
     torch.testing.assert_close(x_qk, x_v, rtol=0, atol=0)
     (x_qk.square().sum() + 2 * x_v.sum()).backward()
     parent = perturbed_block('attnres')          # the same weights: one route feeding both
@@ -203,10 +202,10 @@ def test_tied_value_query_gives_one_input_and_splits_the_gradient():
         parent.attn_read.attn_query.copy_(read.attn_query)
         parent.attn_read.key_gain.copy_(read.key_gain)
         parent.norm_attn.weight.copy_(block.norm_attn.weight)
-    p_qk, p_v = parent.attn_inputs(sources)
+    p_qk, p_v = parent.attn_inputs(parent.attn_read(sources))
     (p_qk.square().sum() + 2 * p_v.sum()).backward()
     torch.testing.assert_close(parent.attn_read.attn_query.grad, read.attn_query.grad + read.value_query.grad,
-                               rtol=1e-10, atol=1e-12, msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': with value_query = attn_query, rd_attnres must be "
+                               rtol=1e-10, atol=1e-12, msg="concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': with value_query = attn_query, rd_attnres must be "
                                                            "attnres, its gradient split between the two queries")
 
 
@@ -377,7 +376,7 @@ def test_routing_records_every_read_point(mode, S):
     first, second = ('heads1', 'heads2') if mode == 'ctrl_heads' else ('qk', 'v')
     expected = {(l, first if l % 2 == 0 else 'mlp') for l in range(L)} | {(L, 'final')}
     expected |= {(l, second) for l in range(0, L, 2)} if two else set()
-    assert set(routes) == expected, f"concept 'every read point reads its sources and is recorded': the logged (sublayer, route) pairs are not one per read; pass `log` to every read"
+    assert set(routes) == expected, "concept 'every read point reads its sources and is recorded': the logged (sublayer, route) pairs are not one per read; pass `log` to every read"
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
         assert alpha.shape == (n,), f"concept 'every read point reads its sources and is recorded': sublayer {l} ({route}) read {alpha.shape[0]} sources, not {n} (S = {S})"
@@ -437,14 +436,14 @@ def test_depth_read_is_a_per_token_softmax_mixture():
     values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
     queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
     h, alpha = depth_read([source(v) for v in values], queries)
-    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
+    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), "concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
     torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64),
-                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
+                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
     # token (0, 3), route 1, by hand
     keys = [F.rms_norm(v[0, 3], (8,), eps=1e-6) for v in values]
     a = torch.stack([queries[1] @ k for k in keys]).softmax(0)
     torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)),
-                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': one token's read differs from the equations")
+                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': one token's read differs from the equations")
 
 
 @pytest.mark.assignment1
@@ -475,10 +474,10 @@ def test_fixed_value_route_stays_uniform_while_qk_learns():
         opt.step()
     model.record_routing = True
     model(idx, targets)
-    for r in model.routing:
-        uniform = torch.full_like(r['alpha'], 1 / r['alpha'].numel())
-        if r['route'] == 'v':
-            torch.testing.assert_close(r['alpha'], uniform)
+    v_reads = [r['alpha'] for r in model.routing if r['route'] == 'v']
+    assert len(v_reads) == 3            # one per attention sublayer
+    for alpha in v_reads:
+        torch.testing.assert_close(alpha, torch.full_like(alpha, 1 / alpha.numel()))
     qk = [r['alpha'] for r in model.routing if r['route'] == 'qk' and r['alpha'].numel() > 1]
     assert any(not torch.allclose(a, torch.full_like(a, 1 / a.numel()), atol=1e-3) for a in qk)
 
@@ -606,13 +605,13 @@ def test_depth_read_normalises_the_keys_but_mixes_the_raw_values():
     h10, alpha10 = depth_read([source(xs[0]), source(10 * xs[1]), source(xs[2])], queries)
     # a source's scale does not change its key (up to RMSNorm's eps) ...
     torch.testing.assert_close(alpha10, alpha, rtol=1e-5, atol=1e-6,
-                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
+                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
     torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5,   # ... its value is mixed as it is
-                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
+                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
     h0, alpha0 = depth_read([source(x) for x in xs], torch.zeros(2, 8, dtype=torch.float64))
     torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3),  # zero query: the uniform average
-                               msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
-    torch.testing.assert_close(h0[0], sum(xs) / 3, msg=f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query reads the plain average of the sources")
+                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
+    torch.testing.assert_close(h0[0], sum(xs) / 3, msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query reads the plain average of the sources")
 
 
 @pytest.mark.assignment1
@@ -625,11 +624,11 @@ def test_reads_stay_float32_under_bf16_autocast():
         h, alpha = depth_read([source(v) for v in values], queries)
     exact_h, exact_alpha = depth_read([source(v.double()) for v in values], queries.double())
     assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64, \
-        f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
+        "concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
     torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6,   # not rounded to bf16
-                               msg=f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': alpha under autocast was computed in bf16: turn autocast off for the read")
+                               msg="concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': alpha under autocast was computed in bf16: turn autocast off for the read")
     torch.testing.assert_close(h.double(), exact_h, rtol=1e-5, atol=1e-5,
-                               msg=f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': h under autocast was computed in bf16: turn autocast off for the read")
+                               msg="concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': h under autocast was computed in bf16: turn autocast off for the read")
 
 
 class RecordOps(torch.overrides.TorchFunctionMode):
@@ -658,7 +657,7 @@ def test_model_routing_stays_float32_under_bf16_autocast():
     model.record_routing = True
     with torch.autocast('cpu', dtype=torch.bfloat16):
         logits, loss = model(*batch())
-    assert all(r['alpha'].dtype == torch.float32 for r in model.routing)
+    assert len(model.routing) > 0 and all(r['alpha'].dtype == torch.float32 for r in model.routing)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
 
 
@@ -710,7 +709,7 @@ def test_two_phase_read_is_the_plain_read(mode):
     idx, targets = batch()
     for S in range(1, 8):
         plain = perturb(make(mode, S))
-        two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase'))).double()
+        two = TwoPhaseGPT(plain.config).double()
         two.load_state_dict(plain.state_dict())
         (lp, loss_p), (lt, loss_t) = plain(idx, targets), two(idx, targets)
         assert (lp - lt).abs().max() <= 1e-12 and abs(loss_p - loss_t) <= 1e-12, S
@@ -724,7 +723,7 @@ def test_compiled_two_phase_read_is_the_eager_plain_read():
     # compiled, every block's phase 1 and every merge have one shape and reuse the same kernels: a later
     # block's (other parameters) and a short last block's must compute what the eager plain read does
     plain = perturb(make('rd_attnres', S=3, n_layer=4, dtype=torch.float32))
-    two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase')))
+    two = TwoPhaseGPT(plain.config)
     two.load_state_dict(plain.state_dict())
     idx, targets = batch()
     logits, loss = plain(idx, targets)
@@ -738,17 +737,17 @@ def test_compiled_two_phase_read_is_the_eager_plain_read():
 
 def test_two_phase_read_stays_float32_under_autocast_and_records_with_the_plain_read():
     plain = perturb(make('rd_attnres', 3, dtype=torch.float32))
-    two = GPT(GPTConfig(**dict(vars(plain.config), depth_read='two_phase')))
+    two = TwoPhaseGPT(plain.config)
     two.load_state_dict(plain.state_dict())
     with torch.autocast('cpu', dtype=torch.bfloat16):
         (lp, _), (lt, _) = plain(*batch()), two(*batch())
     assert lt.dtype == torch.bfloat16 and (lp.float() - lt.float()).abs().max() < 0.05
     import two_phase_read
-    sources, q = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
+    sources, queries = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
     with RecordOps() as ops:   # no matmul in either phase (TF32 would round it on GPUs)
         x, inv_rms = torch.stack([x for x, _ in sources]), torch.stack([r[..., 0] for _, r in sources])
-        state = two_phase_read.phase1(x, inv_rms, torch.zeros(3, dtype=torch.float64), q)
-        two_phase_read.phase2(state, q, sources[0])
+        state = two_phase_read.phase1(x, inv_rms, torch.zeros(3, dtype=torch.float64), queries)
+        two_phase_read.phase2(state, queries, sources[0])
     assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot',
                               'inner', 'dot', 'baddbmm'} & set(ops.names)
     two.record_routing = plain.record_routing = True

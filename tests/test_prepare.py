@@ -12,9 +12,9 @@ import tiktoken
 
 import prepare
 from prepare import EOT, HEADER_BYTES, read_tokens
+from helpers import DOCS, write_jsonl
 
 ENC = tiktoken.get_encoding('gpt2')
-DOCS = [f"Document {i}: " + " ".join(f"word{(i * j) % 31}" for j in range(5 + i % 13)) + "\nEnd." for i in range(120)]
 
 
 def split_documents(tokens):
@@ -23,12 +23,6 @@ def split_documents(tokens):
     assert len(tokens) == 0 or tokens[0] == EOT, "every document must start with <|endoftext|>"
     starts = list(np.flatnonzero(tokens == EOT)) + [len(tokens)]
     return [ENC.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts[:-1], starts[1:])]
-
-
-def write_jsonl(path, docs, column='text'):
-    with open(path, 'w') as f:
-        for d in docs:
-            f.write(json.dumps({column: d, 'other': 1}) + '\n')
 
 
 def write_parquet(path, docs, column='text'):

@@ -19,14 +19,15 @@ import compare
 import prepare
 import run_files
 import study
-from test_compare import make_run
-from test_guarantees import limit_file_size, python
-from test_preempt import logged_steps, start, wait_for_step
-from test_prepare import DOCS, write_jsonl
-from test_train import HERE, TINY, run
+from helpers import make_run
+from helpers import limit_file_size, python
+from helpers import logged_steps, start, wait_for_step
+from helpers import DOCS, write_jsonl
+from helpers import HERE, TINY, run
 
 import sample
 import train
+from helpers import train_here
 
 
 def message_of(fn, *args):
@@ -39,12 +40,6 @@ def message_of(fn, *args):
 def no_traceback(p):
     assert p.returncode != 0 and 'Traceback' not in p.stderr, p.stderr[-2000:]
     return p.stderr
-
-
-def train_here(data_dir, out_dir, *args):
-    """train.py in this process (its errors are SystemExit with the message a user sees; any other
-    exception fails the test): for runs that stop before they train, or train a few tiny steps."""
-    return train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False', *args])
 
 
 @pytest.fixture(scope='module')

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import course
-import course_grader
+from course_kit import grader as course_grader
 from test_course import PLANTED, TRIVIAL, put_back
 
 

@@ -17,8 +17,8 @@ import time
 import pytest
 
 import course
-import course_grader
-import course_worker
+from course_kit import grader as course_grader
+from course_kit import worker as course_worker
 
 HERE = course.HERE
 
@@ -61,28 +61,30 @@ TRIVIAL = {
 # The last column: the student's own check (course.py check N) fails for the mistake, so that "when they all
 # pass, hand the folder back" is true of every mistake the kit knows (test_course_check.py runs it).
 PLANTED = [
-    (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * w).sum(-1) for w in q', '(x * w).sum(-1) / math.sqrt(x.size(-1)) for w in q')], True),
-    (1, 'logits by matmul', [('model.py', 'torch.stack([(x * w).sum(-1) for w in q], -1)', '(x @ q.T)')], True),
-    (1, 'keys not normalised', [('model.py', 'for w in q], -1) * inv_rms', 'for w in q], -1)')], True),
+    (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * query).sum(-1) for query in queries',
+                                  '(x * query).sum(-1) / math.sqrt(x.size(-1)) for query in queries')], True),
+    (1, 'logits by matmul', [('model.py', 'torch.stack([(x * query).sum(-1) for query in queries])',
+                               '(x @ queries.T).permute(2, 0, 1)')], True),
+    (1, 'keys not normalised', [('model.py', 'for query in queries]) * inv_rms[..., 0]', 'for query in queries])')], True),
     (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], True),
     (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], True),
     (2, 'routes de-duplicated by query name',
      [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')], True),
     (2, 'key gain left out', [('model.py', 'for name in self.routes.values()]) * self.key_gain',
                                'for name in self.routes.values()])')], True),
-    (3, 'running sums instead of increments', [('model.py', '                    finished.append(partial)\n',
-                                                '                    finished.append(source(finished[-1][0] + partial[0]))\n')], True),
+    (3, 'running sums instead of increments', [('model.py', '                finished.append(partial)\n',
+                                                '                finished.append(source(finished[-1][0] + partial[0]))\n')], True),
     (3, 'the embedding folded into the first block', [('model.py', 'finished = [source(embedding)]', 'finished = []'),
                                                       ('model.py', 'partial = None                  #',
                                                        'partial = source(embedding)     #')], True),
     (3, 'the last, shorter block left out of the final read',
-     [('model.py', '        if partial is not None:         # the last block may be shorter than S\n'
+     [('model.py', '        if partial is not None:         # the last AttnRes block may be shorter than S\n'
                    '            finished.append(partial)\n', '')], True),
-    (4, 'the same permutation every epoch', [('common.py', 'window_order(n_windows, seed, epoch)[offset',
+    (4, 'the same permutation every epoch', [('train.py', 'window_order(n_windows, seed, epoch)[offset',
                                               'window_order(n_windows, seed, 0)[offset')], True),
-    (4, "one rank's share", [('common.py', '.tolist())\n', ".tolist())\n    env = __import__('os').environ\n"
+    (4, "one rank's share", [('train.py', '.tolist())\n', ".tolist())\n    env = __import__('os').environ\n"
                                                           "    out = out[int(env.get('RANK', 0))::int(env.get('WORLD_SIZE', 1))]\n")], True),
-    (4, 'steps wrap within their epoch', [('common.py', 'epoch, offset = divmod(first + len(out), n_windows)',
+    (4, 'steps wrap within their epoch', [('train.py', 'epoch, offset = divmod(first + len(out), n_windows)',
                                            'epoch, offset = first // n_windows, (first + len(out)) % n_windows')], True),
     (5, 'sd over n', [('compare.py', '/ (n - 1)) if n > 1', '/ n) if n > 1')], True),
     (5, 'crashes with one pair', [('compare.py', "/ (n - 1)) if n > 1 else float('nan')", '/ (n - 1))'),
@@ -180,7 +182,7 @@ def test_handout_stubs_this_and_every_later_assignment(handouts, tmp_path, n):
         for f in course.files_of(earlier):
             assert solution_lines(earlier, os.path.join(HERE, f))[0] in open(os.path.join(out, f)).read()
     assert files == set(course.handout_files())                       # the list, nothing else
-    assert not files & {'course_grader.py', 'course_worker.py', 'test_hidden.py', 'test_course.py', 'test_course_check.py'}
+    assert not any(f.startswith(course.INSTRUCTOR_ONLY) for f in files) and 'tests/test_model.py' not in files
     assert not any(f.startswith(('results/', 'study/')) for f in files)
     everything = ''.join(open(os.path.join(out, f), errors='replace').read() for f in files if f.endswith(('.py', '.md')))
     assert not any(course.BEGIN.match(line) or course.WITH_BEGIN.match(line) for line in everything.split('\n'))
@@ -319,9 +321,9 @@ ATTACKS = {
     # the hidden checks read or imported, their files searched for (by name: a package's file whose name
     # merely contains 'grader', such as torch's upgrader_models under a venv in /tmp, is not one of them)
     'reader': """    import glob, os
-    found = [f for f in (%(here)r + '/course_grader.py', %(here)r + '/test_hidden.py') if os.path.exists(f)]
+    found = [f for f in (%(here)r + '/course_kit/grader.py', %(here)r + '/tests/test_hidden.py') if os.path.exists(f)]
     found += [f for f in glob.glob('/grade/**', recursive=True) + glob.glob('/tmp/**', recursive=True)
-              if os.path.basename(f) in ('course_grader.py', 'test_hidden.py', 'test_course.py')]
+              if f.endswith(('course_kit/grader.py', 'test_hidden.py', 'test_course.py'))]
     try:
         import test_hidden
         found.append('import')
@@ -528,8 +530,7 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
         book = list(csv.reader(f))
     assert not any(cell[:1] in ('=', '+', '-', '@', '\t', '\r') for line in book for cell in line)
     assert {line[0].lstrip("'"): int(line[-4]) for line in book[1:]} == {name: r['score'] for name, r in rows.items()}
-    time.sleep(6)   # longer than the lingerer would have waited
-    assert not lingering('rdattnres-lingerer')
+    assert not lingering('rdattnres-lingerer')   # gone with its sandbox: it can write nothing later
     assert json.load(open(out / 'lingerer.results.json'))['score'] == 0
     assert not os.path.exists(os.path.join(HERE, 'pwned.txt')) and not (out / 'pwned.txt').exists()
     assert not (classroom / 'pwned.txt').exists() and not os.path.exists('/tmp/pwned.txt')
@@ -573,12 +574,11 @@ def test_a_sandbox_holds_only_the_students_handout(handouts, tmp_path, n):
     assert problem is None
     for f in course.GRADING_FILES:
         text = (tmp_path / 'tree' / f).read_text()
-        if f != 'course_worker.py':
-            assert text == (handouts / f'h{n}' / f).read_text(), f
+        assert text == (handouts / f'h{n}' / f).read_text(), f
         for later in range(n, max(course.ASSIGNMENTS) + 1):
             if f in course.files_of(later):
                 assert not any(line in text for line in solution_lines(later, os.path.join(HERE, f)) if len(line) > 25)
-    assert sorted(os.listdir(tmp_path / 'tree')) == sorted(course.GRADING_FILES)
+    assert sorted(os.listdir(tmp_path / 'tree')) == sorted([*course.GRADING_FILES, course.WORKER[1]])
 
 
 def test_grading_from_a_normal_account(handouts, tmp_path, python_for_everyone):
@@ -634,7 +634,7 @@ def test_grading_holds_on_a_busy_machine(handouts, tmp_path):
 
 
 STUBBED = {1: [('model', None, 'depth_read')], 2: [('model', 'DepthRead', 'queries'), ('model', 'Block', 'attn_inputs')],
-           3: [('model', 'GPT', 'forward_depth_routed')], 4: [('common', None, 'step_windows')],
+           3: [('model', 'GPT', 'forward_depth_routed')], 4: [('train', None, 'step_windows')],
            5: [('compare', None, 'sign_test_p'), ('compare', None, 'paired_stats')]}
 
 
@@ -826,6 +826,9 @@ def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
             assert "regions were found: put the markers back" in problem, (name, problem)
 
 
+INSTRUCTOR_NAMES = {os.path.basename(f.rstrip('/')) for f in course.INSTRUCTOR_ONLY} | {'grader.py', 'worker.py'}
+
+
 def test_a_handout_is_a_working_project(handouts):
     # the release (every handout holds the same files): its whole test suite collects, every project module its
     # code imports is in it, and every code file its pages name is in it (the instructor's kit, named as such,
@@ -843,12 +846,12 @@ def test_a_handout_is_a_working_project(handouts):
                          [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
                 for name in names:
                     top = name.split('.')[0]
-                    if os.path.exists(os.path.join(HERE, top + '.py')) and not (
-                            f == 'course.py' and top + '.py' in course.INSTRUCTOR_ONLY):   # (grading: the instructor's)
+                    ours = os.path.exists(os.path.join(HERE, top + '.py')) or os.path.isdir(os.path.join(HERE, top))
+                    if ours and not (f == 'course.py' and top == 'course_kit'):   # (grading: the instructor's)
                         assert top in modules, f"{f} imports {top}, which the handout does not hold"
         if f.endswith('.md'):
             for named in re.findall(r'[\w./*-]+\.(?:py|sh)\b', open(folder / f).read()):   # (a name or a glob)
-                assert os.path.basename(named) in course.INSTRUCTOR_ONLY or any(
+                assert named.startswith(course.INSTRUCTOR_ONLY) or os.path.basename(named) in INSTRUCTOR_NAMES or any(
                     fnmatch.fnmatch(g, named) or fnmatch.fnmatch(g, '*/' + named) or fnmatch.fnmatch(os.path.basename(g), named)
                     for g in files), f"{f} names {named}"
     p = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider'], cwd=folder,

@@ -15,7 +15,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 
 import prepare
-from test_train import HERE, read_log, run
+from helpers import HERE, read_log, run
 
 
 

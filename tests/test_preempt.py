@@ -5,52 +5,16 @@ built-in corpus); signals are sent to it mid-run, as a scheduler would."""
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import torch
 
 import run_control
 import run_files
 import train
-from test_train import HERE, TINY, read_log, run
+from helpers import TINY, assert_same_run, logged_steps, read_log, run, start, wait_for_step
 
 TORCHRUN = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
-
-
-def command(args, data_dir, out_dir, launcher=(sys.executable,)):
-    return [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
-
-
-def default_ctrl_c():
-    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec:
-    # a suite run with `pytest &` (or from such a job) would start runs that Ctrl-C cannot reach.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start(args, data_dir, out_dir, launcher=(sys.executable,)):
-    return subprocess.Popen(command(args, data_dir, out_dir, launcher), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'),
-                            preexec_fn=default_ctrl_c)
-
-
-def logged_steps(out_dir):
-    """Steps with a training row in log.jsonl so far (a line being written is skipped)."""
-    try:
-        with open(os.path.join(out_dir, 'log.jsonl')) as f:
-            lines = f.read().split('\n')[:-1]
-    except OSError:
-        return []
-    return [r['step'] for r in map(json.loads, lines) if 'train_loss' in r]
-
-
-def wait_for_step(proc, out_dir, step, timeout=300):
-    deadline = time.time() + timeout
-    while not any(s >= step for s in logged_steps(out_dir)):
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, 'the run did not get there in time'
-        time.sleep(0.01)
 
 
 def worker_pids(agent_pid):
@@ -67,18 +31,6 @@ def worker_pids(agent_pid):
         if ppid == agent_pid and b'RANK' in env:
             ranks[int(env[b'RANK'])] = int(pid)
     return ranks
-
-
-def assert_same_run(a, b):
-    """Bit-identical runs: the losses and data fingerprints of every logged step, the final weights."""
-    (ta, va), (tb, vb) = read_log(a), read_log(b)
-    assert sorted(ta) == sorted(tb) and sorted(va) == sorted(vb)
-    assert [(ta[s]['train_loss'], ta[s]['data_hash']) for s in sorted(ta)] == \
-           [(tb[s]['train_loss'], tb[s]['data_hash']) for s in sorted(tb)]
-    assert [va[s]['val_loss'] for s in sorted(va)] == [vb[s]['val_loss'] for s in sorted(vb)]
-    ma = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=False)['model']
-    mb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=False)['model']
-    assert all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
 # ---------------------------------------------------------------------------------------------

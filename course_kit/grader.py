@@ -3,7 +3,7 @@ The course kit's grader (instructor only: never in a handout, never in a sandbox
 grading works", is the page for instructors; course.py is the command.
 
 Marks are decided here, by a process that never runs student code. The student's answer runs in a
-sandbox (course_worker.py, in the student's handout of the files it needs, with the student's marked
+sandbox (course_kit/worker.py, as course_worker.py in the student's handout of the files it needs, with the student's marked
 lines and nothing else of theirs), one for all the concepts of an assignment, each concept with CPU time of its own; it
 receives inputs and returns what the student's functions computed, as safetensors. This process runs
 the same probes on the instructor's own project and compares: a concept's marks are earned when every
@@ -39,8 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import course_worker
-from course import shown, student_said
+from course_kit import worker as course_worker
 
 FIRST_UID = 2_000_000     # each sandbox runs as a user of its own (no account needed): its process limit is its own
 MEMORY = 4 * 2 ** 30      # address space of a sandboxed process
@@ -55,6 +54,44 @@ class Concept:
     marks: int
     hint: str          # what to look at when it fails
     probes: tuple      # (description, probe name, args, tensors, compare, reference (args, tensors) or None)
+
+
+# -----------------------------------------------------------------------------
+# Student text (names, messages, lines of code) is shown inert: one line, control characters visible
+
+def shown(text, limit=300):
+    """Text from a submission as it may be shown on a terminal, in a file or a spreadsheet: one line, every
+    character that is not printable (newlines, escape sequences, bidirectional overrides) and every backslash
+    written as an escape, so it cannot draw lines of its own or move the cursor; at most `limit` characters."""
+    text = str(text)
+    out = ''.join(c if c.isprintable() and c != '\\' else
+                  {'\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t'}.get(c) or
+                  (f'\\x{ord(c):02x}' if ord(c) < 0x100 else f'\\u{ord(c):04x}' if ord(c) < 0x10000 else f'\\U{ord(c):08x}')
+                  for c in text[:limit])
+    return out + ('...' if len(text) > limit else '')
+
+
+def shown_name(name):
+    """A student's folder name as shown: inert, and a name that is not in Unicode's composed form (NFC) has its
+    combining marks written as escapes, so two names that differ only in normalisation never look the same."""
+    import unicodedata
+    name = shown(name, 200)
+    if unicodedata.normalize('NFC', name) == name:
+        return name
+    return ''.join(f'\\u{ord(c):04x}' if unicodedata.combining(c) else c for c in name)
+
+
+def spreadsheet_cell(value):
+    """A CSV cell that a spreadsheet does not run: text starting with =, +, -, @, a tab or a CR gets a leading
+    quote (OWASP's advice on CSV injection); numbers stay numbers."""
+    if isinstance(value, str) and value[:1] in ('=', '+', '-', '@', '\t', '\r'):
+        return "'" + value
+    return value
+
+
+def student_said(text, limit=300):
+    """Text that the student's code produced (an exception's message, a line of their file), labelled as theirs."""
+    return f"[from the submission: {shown(text, limit)}]"
 
 
 # -----------------------------------------------------------------------------
@@ -450,9 +487,9 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
             deadline = t0 + STARTUP   # until the worker says it is ready (its first frame), then per concept
             try:
                 while proc.poll() is None:
-                    now = answered(paths[1])
-                    if now > done:
-                        done, deadline = now, time.time() + 2 * cpu_seconds
+                    count = answered(paths[1])
+                    if count > done:
+                        done, deadline = count, time.time() + 2 * cpu_seconds
                     if done > n_concepts:   # (the ready frame and every concept's answers)
                         break
                     if time.time() > deadline:
@@ -530,12 +567,12 @@ def judge(concept, got, first, place=lambda where: where):
             where = result.get('where') if isinstance(result, dict) else None
             return False, [f"{description}: the code raised {student_said(error)}" +
                            (f" ({place(where[:200])})" if isinstance(where, str) and where else '')]
-        mine = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(first + i)},
+        answer = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(first + i)},
                 result.get('values') if isinstance(result.get('values'), dict) else {})
         ref_args, ref_inputs = reference or (args, inputs)
         with torch.random.fork_rng():   # (the instructor's code needs no environment: a process's env is shared)
             ref = course_worker.run_probe(probe, {k: v for k, v in ref_args.items() if k != 'env'}, ref_inputs)
-        problem = compare(mine, ref)
+        problem = compare(answer, ref)
         if problem:
             return False, [f"{description}: {problem}"]
     return True, []

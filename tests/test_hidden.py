@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 import common
 import compare
+import run_files
+import train
 from model import apply_rotary as model_apply_rotary, depth_read, source
 from model import ATTENTION_ROUTES, RESIDUAL_MODES
 from test_model import batch, make, perturb, perturbed_block, some_sources
@@ -112,9 +114,7 @@ def test_attention_inputs_match_the_literal_routes(mode):
         return torch.einsum('nbt,nbtd->btd', torch.einsum('d,nbtd->nbt', query, K).softmax(0), V)
 
     h = [read(getattr(at, name)) for name in ATTENTION_ROUTES[mode].values()]
-    if mode == 'ctrl_params':
-        h = [x * block.attn_input_gain for x in h]
-    x_qk, x_v = block.attn_inputs(sources, [])
+    x_qk, x_v = block.attn_inputs(at(sources, []))
     torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-10, atol=1e-10)
 
@@ -156,7 +156,7 @@ def reference_step_windows(step, n_windows, windows_per_step, seed):
 def test_data_order_is_exactly_the_reference_order():
     n, per_step = 1000, 64                                   # 15.6 steps per epoch: steps straddle epochs
     for step in range(40):
-        assert common.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
+        assert train.step_windows(step, n, per_step, 5) == reference_step_windows(step, n, per_step, 5)
 
 
 @pytest.mark.assignment4
@@ -167,10 +167,10 @@ def test_committed_study_logs_still_match_their_data_order():
         cfg = json.load(open(os.path.join(REPO, path, 'config.json')))
         n_windows = (cfg['train_tokens'] - 1) // cfg['block_size']
         per_step = cfg['total_batch_size'] // cfg['block_size']
-        rows = [r for r in common.read_log(os.path.join(REPO, path, 'log.jsonl')) if 'data_hash' in r]
+        rows = [r for r in run_files.read_log(os.path.join(REPO, path, 'log.jsonl')) if 'data_hash' in r]
         assert len(rows) >= 10
         for r in rows:   # logged after step r['step'] - 1 was trained
-            windows = common.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
+            windows = train.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
             assert common.windows_hash(windows) == r['data_hash'], (path, r['step'])
 
 

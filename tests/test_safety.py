@@ -18,9 +18,8 @@ import torch
 import prepare
 import run_control
 import run_files
-import train
-from test_prepare import DOCS, write_jsonl
-from test_train import HERE, read_log, run
+from helpers import DOCS, write_jsonl
+from helpers import HERE, read_log, run
 
 
 

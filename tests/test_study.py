@@ -11,8 +11,8 @@ import time
 import pytest
 
 import study
-from test_preempt import assert_same_run, logged_steps
-from test_train import HERE, TINY
+from helpers import assert_same_run, logged_steps
+from helpers import HERE, TINY
 
 MINI = [*TINY, '--max_iters=15', '--lr_decay_iters=15', '--eval_interval=15', '--log_interval=5']
 
@@ -153,7 +153,7 @@ def test_runs_of_a_study_share_one_compile_cache(tmp_path, monkeypatch):
 
 
 def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, capsys):
-    from test_compare import make_run
+    from helpers import make_run
     root = tmp_path / 'root'
     for seed in (1, 2):
         make_run(str(root / 'runs'), f'standard_s{seed}', 'standard', seed, 3.4)

@@ -16,25 +16,18 @@ import common
 import run_control
 import run_files
 import train
-from test_train import TINY, read_log, run
-
-
-
-
-def train_here(args, data_dir, out_dir):
-    """train.py's main() in this process, so that its calls can be counted."""
-    train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False', *args])
+from helpers import read_log, run, train_here
 
 
 # ---------------------------------------------------------------------------------------------
 # 1. The data order: cached per epoch, bit for bit the order it always was
 
 def test_the_order_of_an_epoch_is_built_once():
-    common.window_order.cache_clear()
+    train.window_order.cache_clear()
     n, per_step = 1000, 64                                   # 15.6 steps per epoch: steps straddle epochs
-    first = [common.step_windows(step, n, per_step, 5) for step in range(40)]
-    assert common.window_order.cache_info().misses == 3       # epochs 0, 1 and 2, each built once
-    assert [common.step_windows(step, n, per_step, 5) for step in range(40)] == first
+    first = [train.step_windows(step, n, per_step, 5) for step in range(40)]
+    assert train.window_order.cache_info().misses == 3       # epochs 0, 1 and 2, each built once
+    assert [train.step_windows(step, n, per_step, 5) for step in range(40)] == first
     # (that the order is still, bit for bit, the one the committed study logs record: test_hidden.py)
 
 
@@ -59,10 +52,10 @@ def count_syncs(monkeypatch):
 def test_training_steps_read_nothing_back_between_log_steps(data_dir, tmp_path, monkeypatch):
     calls = count_syncs(monkeypatch)
     common_args = ['--log_interval=4', '--eval_interval=100', '--lr_decay_iters=8', '--log_routing=False']
-    train_here(common_args + ['--max_iters=4'], data_dir, str(tmp_path / 'a'))
+    train_here(data_dir, str(tmp_path / 'a'), *common_args + ['--max_iters=4'])
     four = len(calls)
     calls.clear()
-    train_here(common_args + ['--max_iters=8'], data_dir, str(tmp_path / 'b'))
+    train_here(data_dir, str(tmp_path / 'b'), *common_args + ['--max_iters=8'])
     # four more steps, one more log step: a read per step would add at least 4
     assert 0 < len(calls) - four < 4, calls
 
@@ -74,8 +67,8 @@ def test_evaluation_reads_back_once_whatever_the_number_of_batches(data_dir, tmp
     counts = []
     for eval_batch_size in (1, 8):   # 16 batches vs 2 batches of the 16 validation windows
         calls.clear()
-        train_here(['--init_from=resume', '--eval_only=True', '--log_routing=False', '--max_iters=2',
-                    f'--eval_batch_size={eval_batch_size}'], data_dir, out)
+        train_here(data_dir, out, *['--init_from=resume', '--eval_only=True', '--log_routing=False', '--max_iters=2',
+                    f'--eval_batch_size={eval_batch_size}'])
         counts.append(len(calls))
     assert 0 < counts[0] == counts[1] <= 2, calls   # (0 would mean nothing was evaluated)
 
@@ -89,8 +82,8 @@ def test_compiled_run_with_a_ragged_evaluation_compiles_each_graph_once(data_dir
     counter = CompileCounter()   # a dynamo backend that counts the graphs it is given (and runs them eagerly)
     monkeypatch.setattr(torch, 'compile', functools.partial(torch.compile, backend=counter))
     # 11 validation windows in batches of 4: 4 + 4 + 3 unless padded to whole batches
-    train_here(['--compile=True', '--eval_tokens=352', '--eval_batch_size=4', '--eval_interval=2', '--max_iters=6',
-                '--log_routing=False'], data_dir, str(tmp_path / 'run'))
+    train_here(data_dir, str(tmp_path / 'run'), *['--compile=True', '--eval_tokens=352', '--eval_batch_size=4', '--eval_interval=2', '--max_iters=6',
+                '--log_routing=False'])
     assert counter.frame_count == 2, counter.frame_count   # training (4 x 32) and evaluation (4 x 32)
     torch._dynamo.reset()
 

@@ -7,35 +7,10 @@ import os
 import pytest
 
 import compare
-import train
+from helpers import make_run
 
 PARENT_NLL = [3.30, 3.25, 3.28, 3.31, 3.27]
 DELTAS = [-0.03, -0.02, -0.04, -0.01, -0.05]   # mean -0.03, sd sqrt(0.001/4) = 0.0158114
-
-
-def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), **overrides):
-    path = os.path.join(root, name)
-    os.makedirs(path)
-    config = dict(train.DEFAULTS, residual=residual, seed=seed, max_iters=steps[-1], out_dir=path,
-                  world_size=1, git_commit='abc')
-    config.update(overrides)
-    rows = []
-    for i, s in enumerate(steps):
-        nll = final_nll + 0.5 * (len(steps) - 1 - i)        # decreasing curve that ends at final_nll
-        routing = None
-        if residual == 'rd_attnres':
-            alpha = [dict(sublayer=0, layer=0, route=r, alpha=[1.0]) for r in ('qk', 'v')] + \
-                    [dict(sublayer=2, layer=1, route='qk', alpha=[0.2, 0.8]),
-                     dict(sublayer=2, layer=1, route='v', alpha=[0.7, 0.3])]
-            routing = dict(alpha=alpha, summary=[dict(layer=0, js_qk_v=0.0), dict(layer=1, js_qk_v=0.01 * i)])
-        rows.append(dict(step=s, tokens=s * 1000, val_loss=nll, routing=routing))
-        if s > 0:
-            rows.append(dict(step=s, train_loss=nll, data_hash=f"{seed}-{s}"))
-    with open(os.path.join(path, 'config.json'), 'w') as f:
-        json.dump(config, f)
-    with open(os.path.join(path, 'log.jsonl'), 'w') as f:
-        f.write(''.join(json.dumps(r) + '\n' for r in rows))
-    return path
 
 
 @pytest.fixture
@@ -56,14 +31,14 @@ def test_paired_table_matches_hand_computed_values(study, capsys):
     rd = results[('rd_attnres', 'attnres')]
     assert [p['seed'] for p in rd['pairs']] == [1, 2, 3, 4, 5]
     assert [p['delta'] for p in rd['pairs']] == pytest.approx(DELTAS)
-    assert rd['mean_delta'] == pytest.approx(-0.03), f"concept 'the paired table': the mean of the deltas"
+    assert rd['mean_delta'] == pytest.approx(-0.03), "concept 'the paired table': the mean of the deltas"
     assert rd['sd'] == pytest.approx(0.0158114, abs=1e-7), f"concept 'the paired table': sd is {rd['sd']}: the sample sd divides by n - 1"
     half = 2.776445 * 0.0158114 / math.sqrt(5)              # t(0.975, df=4) from a printed table
     assert rd['ci95'] == pytest.approx([-0.03 - half, -0.03 + half], abs=1e-6), \
-        f"concept 'the paired table': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
+        "concept 'the paired table': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
     assert rd['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
     assert (rd['wins'], rd['n']) == (5, 5) and rd['sign_test_p'] == pytest.approx(2 / 32), \
-        f"concept 'the paired table': 5 wins of 5: the exact two-sided sign test gives p = 2 / 2^5"
+        "concept 'the paired table': 5 wins of 5: the exact two-sided sign test gives p = 2 / 2^5"
     base = results[('attnres', 'standard')]
     assert base['mean_delta'] == pytest.approx(-0.3) and base['wins'] == 5
     out = capsys.readouterr().out
@@ -75,9 +50,9 @@ def test_statistics_against_known_values():
     assert compare.t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
     assert compare.t_quantile(0.975, 9) == pytest.approx(2.2622, abs=1e-4)
     assert compare.t_quantile(0.975, 10**6) == pytest.approx(1.95996, abs=1e-4)
-    assert compare.sign_test_p(10, 10) == pytest.approx(2 / 1024), f"concept 'the statistics on other values': 10 wins of 10 (the paper's) give p = 2 / 2^10"
+    assert compare.sign_test_p(10, 10) == pytest.approx(2 / 1024), "concept 'the statistics on other values': 10 wins of 10 (the paper's) give p = 2 / 2^10"
     assert compare.sign_test_p(3, 5) == 1.0 and compare.sign_test_p(1, 6) == pytest.approx(2 * 7 / 64), \
-        f"concept 'the statistics on other values': p = min(1, 2 * sum over i <= k of C(n, i) / 2^n), k = min(wins, n - wins)"
+        "concept 'the statistics on other values': p = min(1, 2 * sum over i <= k of C(n, i) / 2^n), k = min(wins, n - wins)"
 
 
 @pytest.mark.assignment5
@@ -91,7 +66,7 @@ def test_statistics_of_three_pairs_by_hand():
     assert r['mean_delta'] == pytest.approx(0.01) and r['sd'] == pytest.approx(0.026458, abs=1e-6), \
         f"concept 'the statistics on other values': mean {r['mean_delta']}, sd {r['sd']}: the sample sd divides by n - 1"
     assert r['ci95'] == pytest.approx([0.01 - 0.065725, 0.01 + 0.065725], abs=1e-6), \
-        f"concept 'the statistics on other values': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
+        "concept 'the statistics on other values': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
     assert r['sign_test_p'] == 1.0, f"concept 'the statistics on other values': p = {r['sign_test_p']} for 1 win of 3"
 
 
@@ -105,9 +80,9 @@ def test_one_pair_has_no_spread_and_no_interval():
         pytest.fail(f"concept 'one pair (n = 1)': paired_stats of one pair raised {e!r}: with n = 1 there is no "
                     "n - 1 to divide by; the sd and the interval are float('nan')")
     assert r['mean_delta'] == -0.03 and (r['wins'], r['n'], r['sign_test_p']) == (1, 1, 1.0), \
-        f"concept 'one pair (n = 1)': one pair has its mean and its win; its sign test says nothing (p = 1)"
+        "concept 'one pair (n = 1)': one pair has its mean and its win; its sign test says nothing (p = 1)"
     assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95']), \
-        f"concept 'one pair (n = 1)': with n = 1 there is no spread: sd and both ends of the interval are float('nan')"
+        "concept 'one pair (n = 1)': with n = 1 there is no spread: sd and both ends of the interval are float('nan')"
     assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
 
 

@@ -4,7 +4,6 @@ disk (a file size limit), zero intervals, and the bad invocations a user types."
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -16,14 +15,7 @@ import torch
 import compare
 import prepare
 import run_files
-from test_prepare import DOCS, write_jsonl
-from test_preempt import logged_steps, start
-from test_train import HERE, TINY, read_log, run
-
-
-def python(script, *args, **kw):
-    return subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
-                          cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=600, **kw)
+from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, start, write_jsonl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +53,7 @@ def test_a_resume_in_another_precision_or_on_another_eval_set_is_refused(data_di
 
 
 def test_compare_refuses_pairs_in_other_precisions_or_eval_sets(tmp_path):
-    from test_compare import make_run
+    from helpers import make_run
     root = str(tmp_path)
     for seed in (1, 2):
         make_run(root, f'attnres_s{seed}', 'attnres', seed, 3.3, dtype_resolved='float32')
@@ -167,12 +159,6 @@ def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_
 
 # ---------------------------------------------------------------------------------------------
 # A full disk: a file size limit makes the write fail as ENOSPC would (EFBIG), without a tmpfs
-
-def limit_file_size(limit):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # fail the write, do not kill the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
 
 
 def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(data_dir, tmp_path):
@@ -286,7 +272,7 @@ def test_a_full_disk_before_preparing_is_said_and_leaves_nothing(tmp_path):
 
 
 def test_compare_says_what_one_pair_and_two_shapes_mean(tmp_path, capsys):
-    from test_compare import make_run
+    from helpers import make_run
     root = str(tmp_path)
     make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
     make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)

@@ -1,10 +1,10 @@
 """
 The course kit's probes: what the grader asks of a student's code (COURSE.md, "How grading works").
 
-    python course_worker.py < request.safetensors > answers
+    python course_worker.py < request.safetensors > answers      (its name in the sandbox's tree)
 
 A probe calls one of the functions an assignment asks for on inputs it is given and returns what it
-computed. The grader (course_grader.py, which never runs student code) sends a request, this worker runs
+computed. The grader (course_kit/grader.py, which never runs student code) sends a request, this worker runs
 each probe on the project it sits in, inside a sandbox, and writes the answers; the grader runs the same
 probes on the instructor's project and compares. Requests and answers are safetensors (tensors and a
 JSON header: nothing in them can run code), never pickle.
@@ -86,7 +86,8 @@ def probe_attn_inputs(args, t):
     """Assignment 2: the attention sublayer's two inputs (x_qk, x_v) of block `layer`, with its routing log."""
     gpt = small_model(args, t)
     log = []
-    x_qk, x_v = gpt.transformer.h[args['layer']].attn_inputs(read_sources(t, args['n_sources']), log)
+    block = gpt.transformer.h[args['layer']]
+    x_qk, x_v = block.attn_inputs(block.attn_read(read_sources(t, args['n_sources']), log))
     return {'x_qk': x_qk, 'x_v': x_v, **{f'alpha{i}': r['alpha'] for i, r in enumerate(log)}}, \
         {'routes': [r['route'] for r in log]}
 
@@ -107,12 +108,12 @@ def probe_forward(args, t):
 
 
 def probe_step_windows(args, t):
-    """Assignment 4: common.step_windows, in a process that torchrun would have started as RANK of WORLD_SIZE."""
-    import common
+    """Assignment 4: train.step_windows, in a process that torchrun would have started as RANK of WORLD_SIZE."""
+    import train
     before = dict(os.environ)
     os.environ.update({k: str(v) for k, v in args.get('env', {}).items()})
     try:
-        windows = common.step_windows(args['step'], args['n_windows'], args['windows_per_step'], args['seed'])
+        windows = train.step_windows(args['step'], args['n_windows'], args['windows_per_step'], args['seed'])
     finally:
         os.environ.clear()
         os.environ.update(before)

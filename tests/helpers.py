@@ -1,0 +1,137 @@
+"""What the test files share: the repository's folder, a tiny model's flags, runs of train.py (in a process
+of their own or in this one), their logs, a corpus of documents, a run folder written by hand."""
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+import train
+
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository
+
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--attnres_block_size=2', '--block_size=32',
+        '--batch_size=4', '--total_batch_size=256', '--eval_tokens=512', '--eval_batch_size=8',
+        '--eval_interval=2', '--log_interval=1', '--max_iters=4', '--warmup_iters=2',
+        '--learning_rate=3e-3', '--device=cpu', '--dataset=tiny']
+
+
+def command(args, data_dir, out_dir, launcher=(sys.executable,)):
+    return [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
+
+
+def default_ctrl_c():
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec:
+    # a suite run with `pytest &` (or from such a job) would start runs that Ctrl-C cannot reach.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run(args, data_dir, out_dir, expect_ok=True, launcher=(sys.executable,)):
+    cmd = [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, env=env, timeout=600)
+    if expect_ok:
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    return p
+
+
+def start(args, data_dir, out_dir, launcher=(sys.executable,)):
+    return subprocess.Popen(command(args, data_dir, out_dir, launcher), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                            preexec_fn=default_ctrl_c)
+
+
+def train_here(data_dir, out_dir, *args):
+    """train.py in this process (its errors are SystemExit with the message a user sees; any other
+    exception fails the test): for runs that stop before they train, or train a few tiny steps."""
+    return train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False', *args])
+
+
+def python(script, *args, **kw):
+    return subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                          cwd=HERE, env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=600, **kw)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        rows = [json.loads(line) for line in f]
+    train_rows = {r['step']: r for r in rows if 'train_loss' in r}
+    val_rows = {r['step']: r for r in rows if 'val_loss' in r}
+    return train_rows, val_rows
+
+
+def logged_steps(out_dir):
+    """Steps with a training row in log.jsonl so far (a line being written is skipped)."""
+    try:
+        with open(os.path.join(out_dir, 'log.jsonl')) as f:
+            lines = f.read().split('\n')[:-1]
+    except OSError:
+        return []
+    return [r['step'] for r in map(json.loads, lines) if 'train_loss' in r]
+
+
+def wait_for_step(proc, out_dir, step, timeout=300):
+    deadline = time.time() + timeout
+    while not any(s >= step for s in logged_steps(out_dir)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, 'the run did not get there in time'
+        time.sleep(0.01)
+
+
+def assert_same_run(a, b):
+    """Bit-identical runs: the losses and data fingerprints of every logged step, the final weights."""
+    (ta, va), (tb, vb) = read_log(a), read_log(b)
+    assert sorted(ta) == sorted(tb) and sorted(va) == sorted(vb)
+    assert [(ta[s]['train_loss'], ta[s]['data_hash']) for s in sorted(ta)] == \
+           [(tb[s]['train_loss'], tb[s]['data_hash']) for s in sorted(tb)]
+    assert [va[s]['val_loss'] for s in sorted(va)] == [vb[s]['val_loss'] for s in sorted(vb)]
+    ma = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=False)['model']
+    mb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=False)['model']
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), **overrides):
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    config = dict(train.DEFAULTS, residual=residual, seed=seed, max_iters=steps[-1], out_dir=path,
+                  world_size=1, git_commit='abc')
+    config.update(overrides)
+    rows = []
+    for i, s in enumerate(steps):
+        nll = final_nll + 0.5 * (len(steps) - 1 - i)        # decreasing curve that ends at final_nll
+        routing = None
+        if residual == 'rd_attnres':
+            alpha = [dict(sublayer=0, layer=0, route=r, alpha=[1.0]) for r in ('qk', 'v')] + \
+                    [dict(sublayer=2, layer=1, route='qk', alpha=[0.2, 0.8]),
+                     dict(sublayer=2, layer=1, route='v', alpha=[0.7, 0.3])]
+            routing = dict(alpha=alpha, summary=[dict(layer=0, js_qk_v=0.0), dict(layer=1, js_qk_v=0.01 * i)])
+        rows.append(dict(step=s, tokens=s * 1000, val_loss=nll, routing=routing))
+        if s > 0:
+            rows.append(dict(step=s, train_loss=nll, data_hash=f"{seed}-{s}"))
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+        json.dump(config, f)
+    with open(os.path.join(path, 'log.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in rows))
+    return path
+
+
+DOCS = [f"Document {i}: " + " ".join(f"word{(i * j) % 31}" for j in range(5 + i % 13)) + "\nEnd." for i in range(120)]
+
+
+def write_jsonl(path, docs, column='text'):
+    with open(path, 'w') as f:
+        for d in docs:
+            f.write(json.dumps({column: d, 'other': 1}) + '\n')
+
+
+def limit_file_size(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)      # fail the write, do not kill the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
