@@ -14,6 +14,7 @@ import torch
 
 import common
 import run_control
+import run_dir
 import run_files
 import train
 from helpers import read_log, run, train_here
@@ -35,14 +36,15 @@ def test_the_order_of_an_epoch_is_built_once():
 # 2. No host sync in a step: the only device reads are at log steps and evaluations
 
 def count_syncs(monkeypatch):
-    """Record every read of a tensor's value back to Python made by train.py's own code."""
-    calls = []
+    """Record every read of a tensor's value back to Python made by the loop's own code (train.py, and what it
+    calls in run_dir.py and run_control.py)."""
+    calls, loop_files = [], {train.__file__, run_dir.__file__, run_control.__file__}
     for name in ('item', 'tolist', '__bool__', '__float__', '__int__'):
         original = getattr(torch.Tensor, name)
 
         def reader(self, *args, _original=original, _name=name, **kwargs):
             caller = sys._getframe(1)
-            if caller.f_code.co_filename == train.__file__:
+            if caller.f_code.co_filename in loop_files:
                 calls.append((_name, caller.f_lineno))
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, reader)
