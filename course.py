@@ -307,7 +307,6 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
     from course_kit import grader as course_grader
     limit = limit or 60.0
     concepts = course_grader.concepts(n)
-    total = sum(c.marks for c in concepts)
     marks, by_concept, timed_out, seconds = {}, {}, False, 0.0
     with tempfile.TemporaryDirectory() as work:
         os.chmod(work, 0o711)   # (the uid sandbox's user reaches the tree through it, without listing it)
@@ -323,7 +322,6 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
             by_concept[c.name] += [f"         {x}" for x in lines]
             if not passed and not problem:
                 by_concept[c.name].append(f"         hint: {c.hint}")
-    score = sum(marks.values())
     status = 'no answer' if problem else 'timed out' if timed_out else 'graded'
     head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name or course_grader.shown_name(submission)}"]
     if problem:
@@ -331,22 +329,25 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
     if timed_out:
         head.append(f"  timed out: code that runs past {limit:.0f} s of CPU time, or twice that in wall-clock time, "
                     "per concept scores 0 for it")
-    feedback = '\n'.join(head + [line for c in concepts for line in by_concept[c.name]] + [f"score: {score}/{total}"])
-    return dict(submission=submission, marks=marks, score=score, total=total, status=status,
-                seconds=round(seconds, 1), feedback=feedback, head=head, by_concept=by_concept)
+    return row(submission, concepts, marks, by_concept, head, status, seconds)
 
 
 def not_graded(n, submission, name, why):
     """The row of a submission whose grading failed (whatever failed, the grader's own code included)."""
     from course_kit import grader as course_grader
     concepts = course_grader.concepts(n)
-    head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"]
-    by_concept = {c.name: [f"  FAIL 0/{c.marks}  {c.name}"] for c in concepts}
-    total = sum(c.marks for c in concepts)
-    return dict(submission=submission, marks={c.name: 0 for c in concepts}, score=0, total=total,
-                status='not graded', seconds=0.0, feedback='\n'.join(head + [line for c in concepts for line in
-                                                                          by_concept[c.name]] + [f"score: 0/{total}"]),
-                head=head, by_concept=by_concept)
+    return row(submission, concepts, {c.name: 0 for c in concepts},
+               {c.name: [f"  FAIL 0/{c.marks}  {c.name}"] for c in concepts},
+               [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"], 'not graded', 0.0)
+
+
+def row(submission, concepts, marks, by_concept, head, status, seconds):
+    """A student's row: the marks of each concept, the total, status and feedback (the head, each concept's
+    lines, the score)."""
+    score, total = sum(marks.values()), sum(c.marks for c in concepts)
+    feedback = '\n'.join(head + [line for c in concepts for line in by_concept[c.name]] + [f"score: {score}/{total}"])
+    return dict(submission=submission, marks=marks, score=score, total=total, status=status,
+                seconds=round(seconds, 1), feedback=feedback, head=head, by_concept=by_concept)
 
 
 def grade_safely(n, submission, name, limit, sandbox, follow):
