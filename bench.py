@@ -30,9 +30,9 @@ import time
 
 import torch
 
-from common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 from configurator import configure
 from model import GPT, GPTConfig, RESIDUAL_MODES
+from run_kit.common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
@@ -63,8 +63,8 @@ DEFAULTS = dict(
 
 def build(cfg, mode, device):
     """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase': its reads computed in two phases
-    (two_phase_read.py) instead of the plain read."""
-    from two_phase_read import TwoPhaseGPT
+    (fast_read/two_phase_read.py) instead of the plain read."""
+    from fast_read.two_phase_read import TwoPhaseGPT
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
     model = (TwoPhaseGPT if variant == 'two_phase' else GPT)(GPTConfig(
@@ -97,7 +97,7 @@ def bench_data(cfg):
     are an untouched in-memory array of data_windows windows (its pages read as zeros without any I/O),
     i.e. a token file already in the page cache: what is timed is the loop's own work, not the disk."""
     import numpy as np
-    from common import get_windows
+    from run_kit.common import get_windows
     from train import step_windows
     T, B, world = cfg['block_size'], cfg['batch_size'], cfg['data_ranks']
     windows_per_step = 2 ** 19 // T
@@ -207,7 +207,7 @@ def bench_checkpoint(cfg):
     """What the checkpoint checksum costs: a checkpoint of this shape (model + both AdamW moments, as
     train.py saves it), hashed as save_checkpoint and load_checkpoint do, against writing it."""
     import tempfile
-    from run_files import content_digest
+    from run_kit.run_files import content_digest
     model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
                           block_size=cfg['block_size'], residual='rd_attnres', attnres_block_size=cfg['attnres_block_size']))
     state = dict(model=model.state_dict(),
@@ -238,7 +238,7 @@ def read_bytes_per_token(model):
 
 
 def two_phase_bytes_per_token(model):
-    """The same with the two-phase read (two_phase_read.py), per phase, under the same fusion assumption:
+    """The same with the two-phase read (fast_read/two_phase_read.py), per phase, under the same fusion assumption:
     phase 1, once per block for its R_b routes over the padded finished sources (ceil(L / S) slots: the
     padding is read like a source), reads each source once forward (logits and weighted sum in one
     online-softmax pass) and writes the state, R_b x (d + 2) floats (u, the running max, the denominator);

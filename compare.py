@@ -22,8 +22,9 @@ import math
 import os
 import sys
 
-from common import FROZEN_ON_RESUME
 from model import ATTENTION_ROUTES
+from run_kit.common import FROZEN_ON_RESUME
+from run_kit.run_files import LOG, RunFileError, atomic_write, logged_evals, read_config, read_log
 
 # ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
@@ -110,8 +111,6 @@ def load_run(path):
     """A run directory's configuration and log, read by run_files, or NotARun saying why it is not one (a
     plain file, a folder without config.json or log.jsonl, a config.json that is not the JSON train.py
     writes, a log with a bad line)."""
-    # (imported here: a grading sandbox holds this file and common.py, not run_files.py)
-    from run_files import LOG, RunFileError, logged_evals, read_config, read_log
     if not os.path.isdir(path):
         raise NotARun("not a run directory (a file)" if os.path.exists(path) else "does not exist")
     try:
@@ -258,7 +257,6 @@ def routing_table(runs, step=None):
 
 def write_json(path, results):
     """The numbers as JSON; a NaN (the sd and interval of a single pair) is written as null, valid JSON."""
-    from run_files import atomic_write   # (imported here, as in load_run)
 
     def clean(x):
         if isinstance(x, float) and math.isnan(x):
@@ -280,7 +278,6 @@ def routing_matrix(alpha_rows, route):
 
 
 def plot(results, groups, out_dir):
-    from run_files import atomic_write   # (imported here, as in load_run)
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -327,7 +324,6 @@ def plot(results, groups, out_dir):
 def plot_routing(plt, run, routed, out_dir):
     """Heatmaps of the two routes of the attention read (qk and v, or heads1 and heads2) at the last
     evaluation, and the JS divergence between them per layer over training."""
-    from run_files import atomic_write
     last_step, last = routed[-1]
     first, second = ATTENTION_ROUTES[run['config']['residual']]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5), constrained_layout=True)

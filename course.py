@@ -73,12 +73,13 @@ INSTRUCTOR_ONLY = ('course_kit/', 'tests/test_hidden.py', 'tests/test_course.py'
 NOT_HANDED_OUT = ('results/', 'study/')
 INSTRUCTORS_PART = '\n## For instructors\n'
 # What the sandbox of a grading run holds: the modules the probes import, and the worker
-GRADING_FILES = ('model.py', 'routing.py', 'common.py', 'run_files.py', 'compare.py', 'train.py', 'configurator.py',
-                 'run_control.py', 'run_dir.py', 'prepare.py')
+GRADING_FILES = ('model.py', 'compare.py', 'train.py', 'configurator.py', 'prepare.py', 'fast_read/__init__.py',
+                 'fast_read/two_phase_read.py', 'run_kit/__init__.py', 'run_kit/common.py', 'run_kit/routing.py',
+                 'run_kit/run_control.py', 'run_kit/run_dir.py', 'run_kit/run_files.py')
 WORKER = ('course_kit/worker.py', 'course_worker.py')   # the worker, and its name in the sandbox's tree
 BEGIN = re.compile(r'^(\s*)### BEGIN SOLUTION (\d+)\s*$')
 END = re.compile(r'^\s*### END SOLUTION\s*$')
-# code that computes what assignment n asks a second way (two_phase_read.py): given with n's solution
+# code that computes what assignment n asks a second way (fast_read/two_phase_read.py): given with n's solution
 WITH_BEGIN = re.compile(r'^(\s*)### BEGIN WITH SOLUTION (\d+)\s*$')
 WITH_END = re.compile(r'^\s*### END WITH SOLUTION\s*$')
 ANSWER_BEGIN = re.compile(r'^(\s*)### BEGIN YOUR CODE \(assignment (\d+)\)\s*$')
@@ -284,6 +285,9 @@ def grading_tree(n, submission, tree, follow=True):
                 prev = last                                     # from the END marker on
             ours = out + ours[prev:]
         path = os.path.join(tree, to)
+        if os.path.dirname(to) and not os.path.isdir(os.path.dirname(path)):   # run_kit/, fast_read/
+            os.makedirs(os.path.dirname(path))
+            os.chmod(os.path.dirname(path), 0o755)
         with open(path, 'w') as out:
             out.write('\n'.join(ours))
         os.chmod(path, 0o644)
@@ -401,7 +405,7 @@ def gradescope_json(result, n):
 
 
 def write_json(path, obj):
-    from run_files import atomic_write
+    from run_kit.run_files import atomic_write
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write(path, json.dumps(obj, indent=2))
 
@@ -415,7 +419,7 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     from concurrent.futures import ThreadPoolExecutor
     import io
     from course_kit import grader as course_grader
-    from run_files import atomic_write
+    from run_kit.run_files import atomic_write
     sandbox = 'none' if trusted else sandbox
     try:
         course_grader.check_sandbox(sandbox)

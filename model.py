@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from routing import summarise_read
+from run_kit.routing import summarise_read
 
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
 # The read before each attention sublayer, per mode: its routes and each one's pseudo-query. The first is

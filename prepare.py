@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from run_files import atomic_write, lock_folder, sync_and_rename, write_failed
+from run_kit.run_files import atomic_write, lock_folder, sync_and_rename, write_failed
 
 MAGIC, VERSION = 20261130, 1
 HEADER_INTS = 16

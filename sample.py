@@ -18,13 +18,13 @@ import warnings
 
 import torch
 
-from common import MODEL_KEYS, check_device
-from run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
-                       write_failed)
 from configurator import configure
 from model import GPT
-from routing import source_labels
 from prepare import InputError, gpt2_encoding
+from run_kit.common import MODEL_KEYS, check_device
+from run_kit.routing import source_labels
+from run_kit.run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
+                               write_failed)
 
 DEFAULTS = dict(
     out_dir='out/quickstart',

@@ -38,10 +38,10 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from common import MODEL_KEYS
 from configurator import configure
-from run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, is_finished,
-                       killed_before_first_checkpoint, read_config, read_log)
+from run_kit.common import MODEL_KEYS
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, is_finished,
+                               killed_before_first_checkpoint, read_config, read_log)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]

@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fast_read.two_phase_read import TwoPhaseGPT
 from model import ATTENTION_ROUTES, GPT, GPTConfig, RESIDUAL_MODES, depth_read, n_sources, source
-from two_phase_read import TwoPhaseGPT
-from routing import entropy, js_divergence, mean_depth, routing_summary, source_labels
+from run_kit.routing import entropy, js_divergence, mean_depth, routing_summary, source_labels
 
 VOCAB = 97
 QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'heads2_query')
@@ -701,7 +701,7 @@ def test_compiled_model_matches_eager():
 
 
 # ---------------------------------------------------------------------------------------------
-# 12. The two-phase read (two_phase_read.py): the same function as the plain read
+# 12. The two-phase read (fast_read/two_phase_read.py): the same function as the plain read
 
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_two_phase_read_is_the_plain_read(mode):
@@ -742,7 +742,7 @@ def test_two_phase_read_stays_float32_under_autocast_and_records_with_the_plain_
     with torch.autocast('cpu', dtype=torch.bfloat16):
         (lp, _), (lt, _) = plain(*batch()), two(*batch())
     assert lt.dtype == torch.bfloat16 and (lp.float() - lt.float()).abs().max() < 0.05
-    import two_phase_read
+    from fast_read import two_phase_read
     sources, queries = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
     with RecordOps() as ops:   # no matmul in either phase (TF32 would round it on GPUs)
         x, inv_rms = torch.stack([x for x, _ in sources]), torch.stack([r[..., 0] for _, r in sources])

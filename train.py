@@ -12,10 +12,10 @@ the same order ("The paired data order" below: each epoch a permutation of the t
 total_batch_size / block_size, and the ranks split them), so the order depends neither on the number of
 processes nor on the micro-batch size.
 
-This file is the loop. How a run claims its out_dir, resumes and records itself is in run_dir.py, the
-files it keeps there (config.json, log.jsonl, checkpoints) in run_files.py; the checks around the loop
-(the configuration, stop signals, Ctrl-C, divergence) are in run_control.py. On a GPU step the loop
-never waits for the device; compiled calls see one shape.
+This file is the loop; what surrounds it is in run_kit/: how a run claims its out_dir, resumes and
+records itself (run_dir.py), the files it keeps there (run_files.py: config.json, log.jsonl, checkpoints),
+the checks around the loop (run_control.py: the configuration, stop signals, Ctrl-C, divergence). On a
+GPU step the loop never waits for the device; compiled calls see one shape.
 """
 
 import functools
@@ -28,15 +28,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu_allocator,
-                    windows_hash)
 from configurator import configure
+from fast_read.two_phase_read import TwoPhaseGPT
 from model import GPT, GPTConfig
-from routing import routing_summary
-from run_control import (SkippedSteps, StopSignals, batch_arithmetic, ctrl_c, fix_schedule, open_data, should_stop,
-                         start_processes, validate, wrap_ddp)
-from run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
-from run_files import EXIT_STOPPED, kept_checkpoint, rng_states
+from prepare import read_dataset
+from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu_allocator,
+                            windows_hash)
+from run_kit.routing import routing_log
+from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
+                                 should_stop, start_processes, validate, wrap_ddp)
+from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
+from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -187,9 +189,7 @@ def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc
         with ctx:
             raw_model(x.to(dev), y.to(dev))
         raw_model.record_routing = False
-        routing = dict(summary=routing_summary(raw_model.routing),
-                       alpha=[dict(sublayer=r['sublayer'], layer=r['layer'], route=r['route'],
-                                   alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in raw_model.routing])
+        routing = routing_log(raw_model.routing)
     model.train()
     return (total[0] / total[1]).item(), routing
 
@@ -289,12 +289,13 @@ def start_run(cfg, proc):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # W = total_batch_size / T
-    train_data, val_data, n_windows, n_eval = open_data(cfg, proc, windows_per_step)
+    train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])   # verified (prepare.py)
+    n_windows, n_eval = count_windows(cfg, proc, windows_per_step, train_data, val_data)
     claim_out_dir(cfg, proc)            # init_from is now 'scratch' or 'resume'
     record = RunRecord(cfg, proc.master)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
-    from two_phase_read import TwoPhaseGPT   # depth_read='two_phase': the same function, computed per block
+    # depth_read='two_phase': TwoPhaseGPT, the same function as GPT's plain read, computed per AttnRes block
     model = (TwoPhaseGPT if cfg['depth_read'] == 'two_phase' else GPT)(
         GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})).to(proc.device)
     optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
@@ -305,7 +306,6 @@ def start_run(cfg, proc):
     if cfg['init_from'] == 'resume':
         step, best_val, resumed = resume(cfg, model, optimizer, scaler, proc.master)
     fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
-
     raw_model = model
     if cfg['compile']:
         model = torch.compile(model, dynamic=False)   # one static shape per call: a new one is a visible recompile

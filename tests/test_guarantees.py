@@ -14,7 +14,7 @@ import torch
 
 import compare
 import prepare
-import run_files
+from run_kit import run_files
 from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, start, write_jsonl
 
 

@@ -14,16 +14,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import common
 import compare
-import run_files
-import train
 from model import apply_rotary as model_apply_rotary, depth_read, source
 from model import ATTENTION_ROUTES, RESIDUAL_MODES
+from run_kit import common, run_files
+import train
 from test_model import batch, make, perturb, perturbed_block, some_sources
 
 # the project under test (a student's copy when course.py grades it): its committed study logs
-REPO = os.path.dirname(os.path.abspath(common.__file__))
+REPO = os.path.dirname(os.path.abspath(train.__file__))
 
 
 # ---------------------------------------------------------------------------------------------

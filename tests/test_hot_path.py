@@ -12,10 +12,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 import torch
 
-import common
-import run_control
-import run_dir
-import run_files
+from run_kit import common, run_control, run_dir, run_files
 import train
 from helpers import read_log, run, train_here
 

@@ -9,8 +9,7 @@ import sys
 
 import torch
 
-import run_control
-import run_files
+from run_kit import run_control, run_files
 import train
 from helpers import TINY, assert_same_run, logged_steps, read_log, run, start, wait_for_step
 

@@ -17,7 +17,7 @@ import torch
 
 import compare
 import prepare
-import run_files
+from run_kit import run_files
 import study
 from helpers import make_run
 from helpers import limit_file_size, python

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import prepare
-import run_control
-import run_files
+from run_kit import run_control, run_files
 from helpers import DOCS, write_jsonl
 from helpers import HERE, read_log, run
 

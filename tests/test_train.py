@@ -13,9 +13,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 import torch
 
-import train
-from run_files import load_checkpoint, save_checkpoint
 from configurator import configure
+from run_kit.run_files import load_checkpoint, save_checkpoint
+import train
 from helpers import HERE, read_log, run
 
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from common import check_device, model_problems, resolve_device, resolve_dtype, schedule_length
-from prepare import read_dataset
-from run_dir import fail
-from run_files import CHECKPOINT, kept_checkpoint
+from run_kit.common import check_device, model_problems, resolve_device, resolve_dtype, schedule_length
+from run_kit.run_dir import fail
+from run_kit.run_files import CHECKPOINT, kept_checkpoint
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
 # workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
@@ -85,10 +84,9 @@ def fix_schedule(cfg, master):
              "want, add --train_past_schedule=True.", master)
 
 
-def open_data(cfg, proc, windows_per_step):
-    """The prepared bins (one build), the number of training windows, the validation windows."""
+def count_windows(cfg, proc, windows_per_step, train_data, val_data):
+    """The number of training windows and of validation windows in the prepared bins, refused when too few."""
     T = cfg['block_size']
-    train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])
     n_windows = (len(train_data) - 1) // T
     if n_windows < windows_per_step:
         fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
@@ -102,7 +100,7 @@ def open_data(cfg, proc, windows_per_step):
     if n_eval < 1:
         fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}: prepare more validation data "
              "or lower block_size", proc.master)
-    return train_data, val_data, n_windows, n_eval
+    return n_windows, n_eval
 
 
 
@@ -233,6 +231,7 @@ def start_processes(cfg):
     if ddp:
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     return ThisProcess(ddp, rank, world, device, device_type)
+
 
 
 def wrap_ddp(model, proc):

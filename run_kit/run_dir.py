@@ -13,10 +13,10 @@ import secrets
 import subprocess
 import sys
 
-from common import FROZEN_ON_RESUME, schedule_length
-from run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
-                       killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
-                       rewind_log, save_checkpoint, set_rng_states, write_config, write_failed, is_finished)
+from run_kit.common import FROZEN_ON_RESUME, schedule_length
+from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
+                               killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
+                               rewind_log, save_checkpoint, set_rng_states, write_config, write_failed, is_finished)
 
 
 def fail(message, master=True):

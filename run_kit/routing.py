@@ -67,3 +67,10 @@ def routing_summary(routing):
                         f'depth_{name}': mean_depth(r['alpha'])})
         rows.append(row)
     return rows
+
+
+def routing_log(routing):
+    """What log.jsonl keeps of one forward pass's records: routing_summary, and each read's alpha (5 decimals)."""
+    return dict(summary=routing_summary(routing),
+                alpha=[dict(sublayer=r['sublayer'], layer=r['layer'], route=r['route'],
+                            alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in routing])

@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from common import MODEL_KEYS, model_problems, schedule_length
+from run_kit.common import MODEL_KEYS, model_problems, schedule_length
 
 CONFIG, LOG, CHECKPOINT, LOCK = 'config.json', 'log.jsonl', 'ckpt.pt', 'run.lock'
 TORN = LOG + '.torn'
