@@ -31,6 +31,7 @@ import time
 import torch
 
 from configurator import configure
+from fast_read.two_phase_read import TwoPhaseGPT, compile_model
 from model import GPT, GPTConfig, RESIDUAL_MODES
 from run_kit.common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 
@@ -64,14 +65,13 @@ DEFAULTS = dict(
 def build(cfg, mode, device):
     """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase': its reads computed in two phases
     (fast_read/two_phase_read.py) instead of the plain read."""
-    from fast_read.two_phase_read import TwoPhaseGPT
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
     model = (TwoPhaseGPT if variant == 'two_phase' else GPT)(GPTConfig(
         n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'], block_size=cfg['block_size'],
         residual=residual, attnres_block_size=cfg['attnres_block_size'])).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
-    runner = torch.compile(model) if cfg['compile'] and not cfg['compile_regional'] else model
+    runner = compile_model(model) if cfg['compile'] and not cfg['compile_regional'] else model   # as train.py
     if cfg['compile'] and cfg['compile_regional']:
         for block in model.transformer.h:
             block.attn.compile()
@@ -146,10 +146,10 @@ def compile_probe(cfg, mode, device, x, y, ptdtype):
     def count_nodes(gm, example_inputs):
         nodes.append(len(gm.graph.nodes))
         return gm
-    torch.compile(model, backend=count_nodes)(x, y)
+    compile_model(model, backend=count_nodes)(x, y)
     torch._dynamo.reset()
     metrics.reset()
-    step = make_step(torch.compile(model), optimizer, x, y, device, ptdtype)
+    step = make_step(compile_model(model), optimizer, x, y, device, ptdtype)
     t0 = time.perf_counter()
     step()
     first_step = time.perf_counter() - t0

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 
 from configurator import configure
-from fast_read.two_phase_read import TwoPhaseGPT
+from fast_read.two_phase_read import TwoPhaseGPT, compile_model
 from model import GPT, GPTConfig
 from prepare import read_dataset
 from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu_allocator,
                             windows_hash)
 from run_kit.routing import routing_log
-from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
-                                 should_stop, start_processes, validate, wrap_ddp)
+from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, end_processes,
+                                 fix_schedule, should_stop, start_processes, validate, wrap_ddp)
 from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
 from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
@@ -156,9 +156,7 @@ def main(argv):
                 # the last checkpoint can abort (gloo: SIGABRT), and torchrun then reports the run as failed
                 torch.distributed.barrier()
     finally:
-        # also on an error: a rank that leaves without this makes the others hang until NCCL times out
-        if proc.ddp and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        end_processes(proc)   # also on an error
     return code
 
 
@@ -307,8 +305,8 @@ def start_run(cfg, proc):
         step, best_val, resumed = resume(cfg, model, optimizer, scaler, proc.master)
     fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
     raw_model = model
-    if cfg['compile']:
-        model = torch.compile(model, dynamic=False)   # one static shape per call: a new one is a visible recompile
+    if cfg['compile']:   # two_phase: one region per AttnRes block, else the whole model (docs/performance.md)
+        model = compile_model(model)
     run = Run(cfg, proc, ctx, raw_model, model, wrap_ddp(model, proc), optimizer, scaler, record, val_data,
               eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
               list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing diagnostics: the first validation batch

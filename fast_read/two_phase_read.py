@@ -40,11 +40,21 @@ class TwoPhaseGPT(GPT):
     """A GPT whose depth reads are computed in two phases, AttnRes block by AttnRes block: the same function
     and the same parameters (a checkpoint of either loads into the other). The routing diagnostics use the
     plain read."""
+    block_region = None   # compile_blocks(): attnres_block compiled, one graph reused by every AttnRes block
 
     def forward_depth_routed(self, embedding):
         if self.record_routing:
             return super().forward_depth_routed(embedding)
         return forward_two_phase(self, embedding)
+
+    def compile_blocks(self, **options):
+        """Compile one AttnRes block (attnres_block) instead of the whole model, and return the model. Every
+        block calls it with inputs of the same shapes (the padded finished sources, its own read points and
+        Blocks), so torch.compile traces and builds it once, whatever the depth: a new graph only for another
+        pattern of sublayers (S odd: a block opening on an MLP; a short last block), eval mode or no grad.
+        The embedding, the final read, the head and the loss run eagerly around it (docs/performance.md)."""
+        self.block_region = torch.compile(attnres_block, dynamic=False, **options)
+        return self
 
 
 def phase1(x, inv_rms, bias, queries):
@@ -80,10 +90,32 @@ def shift_in(stack, new):
     return torch.cat([stack[1:], new[None]])
 
 
+def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
+    """One AttnRes block in two phases: phase 1 of all its read points at once over the finished sources
+    (x, inv_rms, bias, as phase1 takes them), then each sublayer in turn, its read merged with the partial.
+    is_attention[i], reads[i], blocks[i]: sublayer i of the block is an attention sublayer (else an MLP), its
+    DepthRead, its transformer Block. Returns the block's sum of outputs as a source (x, 1/rms)."""
+    ### BEGIN WITH SOLUTION 3
+    with torch.autocast(device_type=x.device.type, enabled=False):   # the reads are float32, as in depth_read
+        queries = [read.queries().to(x.dtype) for read in reads]
+        rows = [sum(len(q) for q in queries[:i]) for i in range(len(queries) + 1)]
+        m, den, num = phase1(x, inv_rms, bias, torch.cat(queries))
+    partial = None
+    for i, block in enumerate(blocks):
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            state = (m[rows[i]:rows[i + 1]], den[rows[i]:rows[i + 1]], num[rows[i]:rows[i + 1]])
+            h = phase2(state, queries[i], partial)
+        out = block.attention(h, cos, sin) if is_attention[i] else block.mlp(block.mlp_input(h))
+        partial = source(out if partial is None else partial[0] + fp32(out))
+    ### END WITH SOLUTION
+    return partial
+
+
 def forward_two_phase(model, embedding):
     """model.forward_depth_routed(embedding), computed AttnRes block by AttnRes block in two phases."""
-    ### BEGIN WITH SOLUTION 3
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
+    run_block = model.block_region or attnres_block
+    ### BEGIN WITH SOLUTION 3
     slots = math.ceil(L / S)                    # the last AttnRes block's finished sources: the embedding, the others
     x0, r0 = source(embedding)
     dtype, device = x0.dtype, embedding.device
@@ -91,25 +123,25 @@ def forward_two_phase(model, embedding):
     x = shift_in(torch.zeros(slots, *x0.shape, dtype=dtype, device=device), x0)
     inv_rms = shift_in(torch.ones(slots, *x0.shape[:-1], dtype=dtype, device=device), r0[..., 0])
     bias = shift_in(torch.full((slots,), -math.inf, dtype=dtype, device=device), torch.zeros((), dtype=dtype, device=device))
-    no_autocast = torch.autocast(device_type=device.type, enabled=False)   # the reads are float32, as in depth_read
     for first in range(0, L, S):
         sublayers = range(first, min(first + S, L))
-        with no_autocast:
-            queries = [model.read_point(l).queries().to(dtype) for l in sublayers]
-            rows = [sum(len(w) for w in queries[:i]) for i in range(len(queries) + 1)]
-            m, den, num = phase1(x, inv_rms, bias, torch.cat(queries))
-        partial = None
-        for i, l in enumerate(sublayers):
-            with no_autocast:
-                state = (m[rows[i]:rows[i + 1]], den[rows[i]:rows[i + 1]], num[rows[i]:rows[i + 1]])
-                h = phase2(state, queries[i], partial)
-            out = model.sublayer(l, h)
-            partial = source(out if partial is None else partial[0] + fp32(out))
+        partial = run_block(tuple(l % 2 == 0 for l in sublayers), [model.read_point(l) for l in sublayers],
+                            [model.transformer.h[l // 2] for l in sublayers], x, inv_rms, bias, model.rope_cos,
+                            model.rope_sin)
         if first + S < L:                       # a later AttnRes block reads this one as a finished source
             x, inv_rms = shift_in(x, partial[0]), shift_in(inv_rms, partial[1][..., 0])
             bias = shift_in(bias, torch.zeros((), dtype=dtype, device=device))
-    with no_autocast:                           # the final read: the last AttnRes block is its partial
+    with torch.autocast(device_type=device.type, enabled=False):   # the final read: the last block is its partial
         queries = model.final_read.queries().to(dtype)
         h = phase2(phase1(x, inv_rms, bias, queries), queries, partial)
     ### END WITH SOLUTION
     return h[0]
+
+
+def compile_model(model, **options):
+    """What runs `model` under compile=True, in train.py and in bench.py: a TwoPhaseGPT with one region per
+    AttnRes block compiled (compile_blocks), any other model compiled whole. Static shapes (dynamic=False): a
+    new shape is a visible recompile, not a slower dynamic graph. options: torch.compile's (a backend, say)."""
+    if isinstance(model, TwoPhaseGPT):
+        return model.compile_blocks(**options)
+    return torch.compile(model, dynamic=False, **options)

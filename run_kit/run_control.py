@@ -5,6 +5,7 @@ None of it reads the device on a training step: the guards keep their flags on t
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
 
+import gc
 import inspect
 import os
 import signal
@@ -232,6 +233,15 @@ def start_processes(cfg):
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     return ThisProcess(ddp, rank, world, device, device_type)
 
+
+def end_processes(proc):
+    """Leave torchrun's process group, also after an error: a rank that leaves without it makes the others hang
+    until NCCL times out. What is left of DDP (its reducer and the collective work it holds) is freed first,
+    while the group and the interpreter are still whole: freed later, at the interpreter's exit, gloo's work
+    can abort the process (SIGABRT, "terminate called without an active exception") after a run that went well."""
+    if proc.ddp and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()
 
 
 def wrap_ddp(model, proc):

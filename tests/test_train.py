@@ -253,3 +253,22 @@ def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={tmp_path}/none'],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and 'no checkpoint' in bad.stderr
+
+
+def test_a_compiled_two_phase_run_trains_what_the_eager_plain_read_trains(data_dir, tmp_path):
+    # compile=True with depth_read='two_phase' (one compiled region per AttnRes block, S = 3 over 4 sublayers:
+    # a block opening on attention, a short one opening on an MLP) against the eager plain read: the same
+    # windows, and losses, gradient norms and validation losses equal to float32 rounding
+    shape = ['--residual=rd_attnres', '--attnres_block_size=3', '--log_routing=True']
+    run(shape, data_dir, str(tmp_path / 'eager'))
+    run([*shape, '--compile=True', '--depth_read=two_phase'], data_dir, str(tmp_path / 'compiled'))
+    (te, ve), (tc, vc) = read_log(str(tmp_path / 'eager')), read_log(str(tmp_path / 'compiled'))
+    assert sorted(te) == sorted(tc) == [1, 2, 3, 4] and sorted(ve) == sorted(vc) == [0, 2, 4]
+    for s in te:
+        assert te[s]['data_hash'] == tc[s]['data_hash']
+        assert tc[s]['train_loss'] == pytest.approx(te[s]['train_loss'], rel=1e-5, abs=1e-6)
+        assert tc[s]['norm'] == pytest.approx(te[s]['norm'], rel=1e-4, abs=1e-6)
+    for s in ve:
+        assert vc[s]['val_loss'] == pytest.approx(ve[s]['val_loss'], rel=1e-5, abs=1e-6)
+        numbers = [[r[k] for r in v[s]['routing']['summary'] for k in sorted(r)] for v in (ve, vc)]
+        assert numbers[1] == pytest.approx(numbers[0], rel=1e-3, abs=1e-5)   # recorded with the plain read
