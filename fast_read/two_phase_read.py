@@ -19,10 +19,12 @@ Phase 1 always runs over the same number of sources: the finished ones kept in o
 the most a block's reads have (the embedding and every block but the last), the padding masked out of the
 softmax; a closed block is shifted in at the back and the oldest padding slot dropped. The final read is
 one more phase 1 over that tensor, with the last block merged in as its partial. So every block's phase 1
-has one shape and is made of the same operations, and so is every merge, whatever the depth: under
-torch.compile the kernels are the same for every block. The arithmetic is the plain read's: float32
-(float64 stays float64) with autocast off, logits as elementwise products and sums (no matmul). The
-routing diagnostics use the plain read (GPT.forward records with it).
+has one shape and is made of the same operations, and so is every merge, whatever the depth. That is
+what lets compile=True compile one AttnRes block (attnres_block: its phase 1, then its sublayers with
+their merges) once and call it for every block (compile_model, compile_blocks): dynamo sees the same
+shapes, and the block's read points and Blocks are its inputs, not constants. The arithmetic is the
+plain read's: float32 (float64 stays float64) with autocast off, logits as elementwise products and sums
+(no matmul). The routing diagnostics use the plain read (GPT.forward records with it).
 
 This file computes what assignments 1 and 3 of the course kit ask for, a second way: its lines between
 `### BEGIN WITH SOLUTION n` and `### END WITH SOLUTION` come with assignment n's solution (a handout that

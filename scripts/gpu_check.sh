@@ -7,7 +7,7 @@
 #
 # 1. every mode, torch.compile + bf16, at the 120m shape (12 x 768, context 1024, micro-batch 16):
 #    step time, tokens/s, MFU, peak memory, compile time (the first step); attnres and rd_attnres also with
-#    their reads computed in two phases (+two_phase), each x standard
+#    their reads computed in two phases (+two_phase: compiled one region per AttnRes block), each x standard
 # 2. peak memory of one rd_343m micro-batch of 16 (24 x 1024, compiled, bf16): does batch_size=16 fit?
 # 3. with 2 or more GPUs: torchrun with 2 processes, 20 steps on the tiny corpus (NCCL, DDP, compile)
 set -euo pipefail
