@@ -50,13 +50,18 @@ class TwoPhaseGPT(GPT):
         return forward_two_phase(self, embedding)
 
     def compile_blocks(self, **options):
-        """Compile one AttnRes block (attnres_block) instead of the whole model, and return the model. Every
-        block calls it with inputs of the same shapes (the padded finished sources, its own read points and
-        Blocks), so torch.compile traces and builds it once, whatever the depth: a new graph only for another
-        pattern of sublayers (S odd: a block opening on an MLP; a short last block), eval mode or no grad.
-        The embedding, the final read, the head and the loss run eagerly around it (docs/performance.md)."""
+        """This model as compile=True runs it: one AttnRes block (attnres_block) compiled and called for every
+        block, with what runs around the blocks (the embedding; the final read, the head and the loss)
+        compiled as graphs of their own. Every block calls the region with inputs of the same shapes (the
+        padded finished sources, its own read points and Blocks), so torch.compile traces and builds it
+        once, whatever the depth: a new graph only for another pattern of sublayers (S odd: a block opening
+        on an MLP; a short last block), eval mode or no grad. Returns the compiled module; this one stays
+        the plain module (checkpoints, the routing diagnostics)."""
         self.block_region = torch.compile(attnres_block, dynamic=False, **options)
-        return self
+        # the loop over the blocks stays Python: compiling the model stops at it (a graph break) and goes on
+        # after it, so the head and the loss (the cross-entropy over the vocabulary) are fused as before
+        self.forward_depth_routed = torch.compiler.disable(self.forward_depth_routed)
+        return torch.compile(self, dynamic=False, **options)
 
 
 def phase1(x, inv_rms, bias, queries):
