@@ -134,9 +134,9 @@ def peak_memory_of(mode, argv):
 
 
 def compile_probe(cfg, mode, device, x, y, ptdtype):
-    """Child process of --compile_cost, with a fresh TORCHINDUCTOR_CACHE_DIR: the forward graph dynamo
-    captures (nodes), then the first compiled training step, the kernels inductor generated for it and
-    where its compile time went (torch._dynamo.utils.compile_times: seconds summed over threads)."""
+    """Child process of --compile_cost, with a fresh TORCHINDUCTOR_CACHE_DIR: the forward graphs dynamo
+    captures (their nodes, summed), then the first compiled training step, the kernels inductor generated for
+    it and where its compile time went (torch._dynamo.utils.compile_times: seconds summed over threads)."""
     import torch._dynamo
     from torch._dynamo.utils import compile_times
     from torch._inductor import metrics
@@ -173,7 +173,7 @@ def compile_cost(cfg, argv, modes):
     import tempfile
     print(f"cold compile, first training step: {cfg['n_layer']} layers x {cfg['n_embd']}, context {cfg['block_size']}, "
           f"batch {cfg['batch_size']}, S={cfg['attnres_block_size']}, torch {torch.__version__}")
-    print("| mode | layers | first step s | forward graph nodes | kernels generated | kernel libraries built "
+    print("| mode | layers | first step s | forward graph nodes (all graphs) | kernels generated | kernel libraries built "
           "| kernel build s (summed over workers) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:

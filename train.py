@@ -35,8 +35,8 @@ from prepare import read_dataset
 from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu_allocator,
                             windows_hash)
 from run_kit.routing import routing_log
-from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, end_processes,
-                                 fix_schedule, should_stop, start_processes, validate, wrap_ddp)
+from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
+                                 leave_process_group, should_stop, start_processes, validate, wrap_ddp)
 from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
 from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
@@ -156,7 +156,7 @@ def main(argv):
                 # the last checkpoint can abort (gloo: SIGABRT), and torchrun then reports the run as failed
                 torch.distributed.barrier()
     finally:
-        end_processes(proc)   # also on an error
+        leave_process_group(proc)   # also on an error
     return code
 
 

@@ -47,20 +47,20 @@ class TwoPhaseGPT(GPT):
     def forward_depth_routed(self, embedding):
         if self.record_routing:
             return super().forward_depth_routed(embedding)
+        if self.block_region is not None:
+            return blocks_outside_the_graph(self, embedding)
         return forward_two_phase(self, embedding)
 
     def compile_blocks(self, **options):
         """This model as compile=True runs it: one AttnRes block (attnres_block) compiled and called for every
-        block, with what runs around the blocks (the embedding; the final read, the head and the loss)
-        compiled as graphs of their own. Every block calls the region with inputs of the same shapes (the
-        padded finished sources, its own read points and Blocks), so torch.compile traces and builds it
-        once, whatever the depth: a new graph only for another pattern of sublayers (S odd: a block opening
-        on an MLP; a short last block), eval mode or no grad. Returns the compiled module; this one stays
-        the plain module (checkpoints, the routing diagnostics)."""
+        block, and the rest of the model compiled around the loop over the blocks: the embedding is one
+        graph, the head and the loss (the cross-entropy over the vocabulary, fused) another; the loop, the
+        pushes and the final read run eagerly between them. Every block calls the region with inputs of the
+        same shapes (the padded finished sources, its own read points and Blocks), so torch.compile traces
+        and builds it once, whatever the depth: a new graph only for another pattern of sublayers (S odd: a
+        block opening on an MLP; a short last block), eval mode or no grad. Returns the compiled module, for
+        the step; this one keeps the parameters (checkpoints) and records the routing with the plain read."""
         self.block_region = torch.compile(attnres_block, dynamic=False, **options)
-        # the loop over the blocks stays Python: compiling the model stops at it (a graph break) and goes on
-        # after it, so the head and the loss (the cross-entropy over the vocabulary) are fused as before
-        self.forward_depth_routed = torch.compiler.disable(self.forward_depth_routed)
         return torch.compile(self, dynamic=False, **options)
 
 
@@ -116,6 +116,13 @@ def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
         partial = source(out if partial is None else partial[0] + fp32(out))
     ### END WITH SOLUTION
     return partial
+
+
+@torch.compiler.disable
+def blocks_outside_the_graph(model, embedding):
+    """forward_two_phase, which a compiled model calls without tracing it (a graph break): its blocks run the
+    compiled region that model.compile_blocks made."""
+    return forward_two_phase(model, embedding)
 
 
 def forward_two_phase(model, embedding):

@@ -234,7 +234,7 @@ def start_processes(cfg):
     return ThisProcess(ddp, rank, world, device, device_type)
 
 
-def end_processes(proc):
+def leave_process_group(proc):
     """Leave torchrun's process group, also after an error: a rank that leaves without it makes the others hang
     until NCCL times out. What is left of DDP (its reducer and the collective work it holds) is freed first,
     while the group and the interpreter are still whole: freed later, at the interpreter's exit, gloo's work

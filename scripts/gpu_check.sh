@@ -9,7 +9,8 @@
 #    step time, tokens/s, MFU, peak memory, compile time (the first step); attnres and rd_attnres also with
 #    their reads computed in two phases (+two_phase: compiled one region per AttnRes block), each x standard
 # 2. peak memory of one rd_343m micro-batch of 16 (24 x 1024, compiled, bf16): does batch_size=16 fit?
-# 3. with 2 or more GPUs: torchrun with 2 processes, 20 steps on the tiny corpus (NCCL, DDP, compile)
+# 3. with 2 or more GPUs: torchrun with 2 processes, 20 steps on the tiny corpus (NCCL, DDP, compile), with
+#    the plain read and with the two-phase read (its per-block region under DDP; recompiles counted)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_check}"
@@ -37,13 +38,17 @@ DDP="skipped (1 GPU)"
 if [ "$NGPU" -ge 2 ]; then
   echo "== 3. torchrun, 2 processes, 20 steps on the tiny corpus"
   python prepare.py --dataset tiny --data_dir "$OUT/data" > /dev/null
-  if torchrun --standalone --nproc_per_node=2 train.py config/quickstart.py --data_dir="$OUT/data" \
-       --out_dir="$OUT/ddp" --overwrite=True --device=cuda --dtype=auto --compile=True --batch_size=8 \
-       --max_iters=20 --eval_interval=20 --log_interval=5 > "$OUT/ddp.txt" 2>&1; then
-    DDP="ok: $(grep 'step 20:' "$OUT/ddp.txt" | tail -1)"
-  else
-    DDP="FAILED (see $OUT/ddp.txt)"
-  fi
+  DDP=""
+  for read in plain two_phase; do   # two_phase: compiled one region per AttnRes block, under DDP
+    if TORCH_LOGS=recompiles torchrun --standalone --nproc_per_node=2 train.py config/quickstart.py \
+         --data_dir="$OUT/data" --out_dir="$OUT/ddp_$read" --overwrite=True --device=cuda --dtype=auto \
+         --compile=True --depth_read=$read --batch_size=8 --max_iters=20 --eval_interval=20 --log_interval=5 \
+         > "$OUT/ddp_$read.txt" 2>&1; then
+      DDP="$DDP $read ok: $(grep 'step 20:' "$OUT/ddp_$read.txt" | tail -1), $(grep -c 'Recompiling' "$OUT/ddp_$read.txt" || true) recompiles;"
+    else
+      DDP="$DDP $read FAILED (see $OUT/ddp_$read.txt);"
+    fi
+  done
 fi
 
 python - "$OUT" "$DDP" <<'PY'

@@ -37,6 +37,7 @@ def test_compiled_regions_are_the_eager_plain_read():
     # S = 3 over 8 sublayers: blocks that open on attention, one that opens on an MLP, a short last one. A
     # recompile past dynamo's limit fails instead of falling back to eager (which would pass untested).
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()   # (reset does not clear the counters: earlier tests' graphs)
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         assert_same_function_and_gradients(*pair('rd_attnres', 3, n_layer=4), tol=1e-12)
         assert torch._dynamo.utils.counters['stats']['unique_graphs'] == 3 + 2   # + the embedding, the head

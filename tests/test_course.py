@@ -830,6 +830,19 @@ def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
 INSTRUCTOR_NAMES = {os.path.basename(f.rstrip('/')) for f in course.INSTRUCTOR_ONLY} | {'grader.py', 'worker.py'}
 
 
+def is_the_projects(top):
+    """Whether a top-level import names the project's code (a module or package of this repository), or
+    nothing that can be imported at all (a name left behind by a move): not the standard library's, not
+    an installed package's."""
+    import importlib.util
+    if top in sys.stdlib_module_names:
+        return False
+    spec = importlib.util.find_spec(top)
+    where = spec and (spec.origin or next(iter(spec.submodule_search_locations or []), None))
+    where = os.path.abspath(where or '')
+    return spec is None or where.startswith(HERE + os.sep) and 'site-packages' not in where.split(os.sep)
+
+
 def test_a_handout_is_a_working_project(handouts):
     # the release (every handout holds the same files): its whole test suite collects, every project module its
     # code imports is in it, and every code file its pages name is in it (the instructor's kit, named as such,
@@ -847,8 +860,7 @@ def test_a_handout_is_a_working_project(handouts):
                          [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
                 for name in names:
                     top = name.split('.')[0]
-                    ours = os.path.exists(os.path.join(HERE, top + '.py')) or os.path.isdir(os.path.join(HERE, top))
-                    if ours and not (f == 'course.py' and top == 'course_kit'):   # (grading: the instructor's)
+                    if is_the_projects(top) and not (f == 'course.py' and top == 'course_kit'):   # (the instructor's)
                         assert name in modules or f'{name}.__init__' in modules, \
                             f"{f} imports {name}, which the handout does not hold"
         if f.endswith('.md'):
