@@ -28,9 +28,13 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
     while not logged_steps(out):
         assert first.poll() is None and time.time() < deadline, first.communicate()
         time.sleep(0.01)
-    for init in ('scratch', 'auto'):
-        p = run([f'--init_from={init}', '--seed=2', '--overwrite=True'], data_dir, out, expect_ok=False)
-        assert p.returncode != 0 and 'is in use by another run (pid' in p.stderr, p.stderr[-1500:]
+    os.kill(first.pid, signal.SIGSTOP)   # held mid-run (alive, its lock held) however fast this machine is
+    try:
+        for init in ('scratch', 'auto'):
+            p = run([f'--init_from={init}', '--seed=2', '--overwrite=True'], data_dir, out, expect_ok=False)
+            assert p.returncode != 0 and 'is in use by another run (pid' in p.stderr, p.stderr[-1500:]
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr[-2000:]
     rows = [json.loads(line) for line in open(os.path.join(out, 'log.jsonl'))]
