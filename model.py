@@ -258,9 +258,10 @@ class Block(nn.Module):
             return self.attn(x_qk, x_v, cos, sin)
         return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds Q, K and V
 
-    def mlp_input(self, h):
-        """The MLP sublayer's input from its read h (1, B, T, d): one route (unchanged by RD-AttnRes)."""
-        return self.norm_mlp(h[0])
+    def sublayer(self, is_attention, h, cos, sin):
+        """The output of this block's attention sublayer (else its MLP sublayer) from its read h (R, B, T, d).
+        The MLP's read has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
+        return self.attention(h, cos, sin) if is_attention else self.mlp(self.norm_mlp(h[0]))
 
 
 class GPT(nn.Module):
@@ -323,11 +324,8 @@ class GPT(nn.Module):
         return block.attn_read if l % 2 == 0 else block.mlp_read
 
     def sublayer(self, l, h):
-        """The output of sublayer l from its read h (R, B, T, d)."""
-        block = self.transformer.h[l // 2]
-        if l % 2 == 0:
-            return block.attention(h, self.rope_cos, self.rope_sin)
-        return block.mlp(block.mlp_input(h))
+        """The output of sublayer l (attention when l is even, MLP when odd) from its read h (R, B, T, d)."""
+        return self.transformer.h[l // 2].sublayer(l % 2 == 0, h, self.rope_cos, self.rope_sin)
 
     def forward_depth_routed(self, embedding):
         """Every sublayer reads its input from the sources instead of a running sum. Sources are *increments*:

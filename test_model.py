@@ -71,6 +71,18 @@ def assert_same_function(a, b, idx, targets, tol=1e-12):
     return lossa, lossb
 
 
+def assert_same_function_and_gradients(plain, other, tol=1e-12, what=''):
+    """`other` (another way to compute the reads) against the plain read on one batch: logits, loss and the
+    gradient of every parameter within tol."""
+    idx, targets = batch()
+    (lp, loss_p), (lo, loss_o) = plain(idx, targets), other(idx, targets)
+    assert (lp - lo).abs().max() <= tol and abs(loss_p - loss_o) <= tol, what
+    loss_p.backward()
+    loss_o.backward()
+    for (name, a), b in zip(plain.named_parameters(), other.parameters()):
+        assert (a.grad - b.grad).abs().max() <= tol, (what, name)
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. Tie recovery (README: "The method in a few lines of math", rd_attnres)
 
@@ -706,17 +718,11 @@ def test_compiled_model_matches_eager():
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_two_phase_read_is_the_plain_read(mode):
     # every S from Full AttnRes to one block, with 3 layers (6 sublayers: the last block is short for S = 4, 5)
-    idx, targets = batch()
     for S in range(1, 8):
         plain = perturb(make(mode, S))
         two = TwoPhaseGPT(plain.config).double()
         two.load_state_dict(plain.state_dict())
-        (lp, loss_p), (lt, loss_t) = plain(idx, targets), two(idx, targets)
-        assert (lp - lt).abs().max() <= 1e-12 and abs(loss_p - loss_t) <= 1e-12, S
-        loss_p.backward()
-        loss_t.backward()
-        for (name, a), b in zip(plain.named_parameters(), two.parameters()):
-            assert (a.grad - b.grad).abs().max() <= 1e-12, (S, name)
+        assert_same_function_and_gradients(plain, two, tol=1e-12, what=f'S={S}')
 
 
 def test_compiled_two_phase_read_is_the_eager_plain_read():

@@ -9,7 +9,7 @@ from torch._dynamo.testing import CompileCounter
 
 from fast_read.two_phase_read import TwoPhaseGPT
 from model import RESIDUAL_MODES
-from test_model import batch, make, perturb
+from test_model import assert_same_function_and_gradients, batch, make, perturb
 
 DEPTH_ROUTED = [m for m in RESIDUAL_MODES if m != 'standard']
 
@@ -20,16 +20,6 @@ def pair(mode, S, n_layer, dtype=torch.float64, backend='inductor'):
     two = TwoPhaseGPT(plain.config).to(dtype)
     two.load_state_dict(plain.state_dict())
     return plain, two.compile_blocks(backend=backend)
-
-
-def assert_same_function_and_gradients(plain, two, tol):
-    idx, targets = batch()
-    (lp, loss_p), (lt, loss_t) = plain(idx, targets), two(idx, targets)
-    assert (lp - lt).abs().max() <= tol and abs(loss_p - loss_t) <= tol
-    loss_p.backward()
-    loss_t.backward()
-    for (name, a), b in zip(plain.named_parameters(), two.parameters()):
-        assert (a.grad - b.grad).abs().max() <= tol, name
 
 
 def test_compiled_regions_are_the_eager_plain_read():
