@@ -234,7 +234,7 @@ def routing_table(runs, step=None):
     """For each run whose attention reads have two routes that differ (rd_attnres, ctrl_heads): how far
     apart they read at each layer (JS divergence in nats) and where each reads from at the last layer
     (mean source index: 0 = the embedding, n = block n), at the step compared. Markdown, or '' if none."""
-    rows = []
+    rows, shallower = [], {}   # shallower[(arm, first, second)]: per run, whether `second` reads shallower at the last layer
     for run in sorted(runs, key=lambda r: (r['config']['residual'], r['config']['seed'])):
         at = step if step is not None else run['config']['max_iters']
         summary = ((run['evals'].get(at) or {}).get('routing') or {}).get('summary')
@@ -248,11 +248,17 @@ def routing_table(runs, step=None):
         last = summary[-1]
         rows.append(f"| {run['name']} | {at} | {' '.join(f'{j:.4f}' for j in js)} | {max(js):.4f} "
                     f"| {first} {last['depth_' + first]:.2f}, {second} {last['depth_' + second]:.2f} |")
+        group = ', '.join(f"{k} {run['config'].get(k)}" for k in GROUP_KEYS)
+        shallower.setdefault((run['config']['residual'], first, second, group), []).append(
+            last['depth_' + second] < last['depth_' + first])
     if not rows:
         return ''
+    groups = {key[3] for key in shallower}
+    counts = [f"- {arm}{f' ({group})' if len(groups) > 1 else ''}: {second} reads shallower than {first} at the "
+              f"last layer in {sum(s)} of the {len(s)} {arm} runs above" for (arm, first, second, group), s in sorted(shallower.items())]
     return '\n'.join(["### Routing of the two-route runs\n",
                       "| run | step | JS between the routes, layer 0, 1, ... (nats) | max JS | mean source index at the last layer |",
-                      "|---|---:|---|---:|---|", *rows, ""])
+                      "|---|---:|---|---:|---|", *rows, "", *counts, ""])
 
 
 def write_json(path, results):

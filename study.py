@@ -45,7 +45,7 @@ from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atom
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
-MORE_SEEDS = [6, 7, 8, 9, 10]   # the third set's seeds 6-10 (docs/results.md, "Ten pairs")
+MORE_SEEDS = [6, 7, 8, 9, 10]   # the third set's seeds 6-10: its ten pairs (docs/results.md, "Summary")
 EXTRA_PAIRS = [('rd_attnres', 'ctrl_heads')]   # compared side by side beyond each arm vs its parent
 PLAN_KEYS = ('config', 'seed', 'out_dir', 'overrides')   # an entry of a JSON plan
 RUNNER_KEYS = ('--seed', '--out_dir', '--init_from')     # what Run.argv sets itself: not for overrides

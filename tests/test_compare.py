@@ -200,3 +200,14 @@ def test_routing_table_shows_the_runs_whose_two_routes_separated():
                     '| rd_s1 | 100 | 0.0000 0.0125 0.0309 | 0.0309 | qk 1.89, v 1.31 |']
     assert '| rd_s2 | 50 | 0.0000 0.5000 0.5000 | 0.5000 | qk 1.00, v 0.00 |' in compare.routing_table(runs, step=50)
     assert compare.routing_table(runs[2:3]) == ''
+    # the count per arm: is the second route shallower at the last layer? (a tie is not shallower)
+    runs += [run('rd_s3', 'rd_attnres', 'js_qk_v', [0.0, 0.1, 0.1], (1.0, 1.5)),
+             run('rd_s4', 'rd_attnres', 'js_qk_v', [0.0, 0.1, 0.1], (1.2, 1.2))]
+    table = compare.routing_table(runs)
+    assert '- rd_attnres: v reads shallower than qk at the last layer in 1 of the 3 rd_attnres runs above' in table
+    assert '- ctrl_heads: heads2 reads shallower than heads1 at the last layer in 1 of the 1 ctrl_heads runs above' in table
+    # runs of another shape or budget are counted apart, and the line says which
+    other = run('rd_big', 'rd_attnres', 'js_qk_v', [0.0, 0.1, 0.1], (2.0, 1.0))
+    other['config']['n_layer'] = 12
+    table = compare.routing_table(runs + [other])
+    assert 'in 1 of the 1 rd_attnres runs above' in table and 'rd_attnres (n_layer 12,' in table
