@@ -234,7 +234,7 @@ def routing_table(runs, step=None):
     """For each run whose attention reads have two routes that differ (rd_attnres, ctrl_heads): how far
     apart they read at each layer (JS divergence in nats) and where each reads from at the last layer
     (mean source index: 0 = the embedding, n = block n), at the step compared. Markdown, or '' if none."""
-    rows, shallower = [], {}   # shallower[(arm, first, second)]: per run, whether `second` reads shallower at the last layer
+    rows, shallower = [], {}   # shallower[(arm, first, second, group)]: per run, (is `second` shallower at the last layer, config)
     for run in sorted(runs, key=lambda r: (r['config']['residual'], r['config']['seed'])):
         at = step if step is not None else run['config']['max_iters']
         summary = ((run['evals'].get(at) or {}).get('routing') or {}).get('summary')
@@ -248,14 +248,15 @@ def routing_table(runs, step=None):
         last = summary[-1]
         rows.append(f"| {run['name']} | {at} | {' '.join(f'{j:.4f}' for j in js)} | {max(js):.4f} "
                     f"| {first} {last['depth_' + first]:.2f}, {second} {last['depth_' + second]:.2f} |")
-        group = ', '.join(f"{k} {run['config'].get(k)}" for k in GROUP_KEYS)
+        group = tuple(run['config'][k] for k in GROUP_KEYS)   # as compare() groups runs
         shallower.setdefault((run['config']['residual'], first, second, group), []).append(
-            last['depth_' + second] < last['depth_' + first])
+            (last['depth_' + second] < last['depth_' + first], run['config']))
     if not rows:
         return ''
     groups = {key[3] for key in shallower}
-    counts = [f"- {arm}{f' ({group})' if len(groups) > 1 else ''}: {second} reads shallower than {first} at the "
-              f"last layer in {sum(s)} of the {len(s)} {arm} runs above" for (arm, first, second, group), s in sorted(shallower.items())]
+    counts = [f"- {arm}{f' ({group_label(s[0][1])})' if len(groups) > 1 else ''}: {second} reads shallower than "
+              f"{first} at the last layer in {sum(b for b, _ in s)} of the {len(s)} {arm} runs above"
+              for (arm, first, second, _), s in sorted(shallower.items())]
     return '\n'.join(["### Routing of the two-route runs\n",
                       "| run | step | JS between the routes, layer 0, 1, ... (nats) | max JS | mean source index at the last layer |",
                       "|---|---:|---|---:|---|", *rows, "", *counts, ""])

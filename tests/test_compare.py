@@ -188,7 +188,8 @@ def test_routing_table_shows_the_runs_whose_two_routes_separated():
     def run(name, residual, js_key, js, depths, step=100):
         a, b = js_key[3:].split('_')
         summary = [{'layer': i, js_key: j, f'depth_{a}': depths[0], f'depth_{b}': depths[1]} for i, j in enumerate(js)]
-        return dict(name=name, config=dict(residual=residual, seed=1, max_iters=100),
+        return dict(name=name, config=dict(residual=residual, seed=1, max_iters=100, n_layer=8, n_head=4, n_embd=128,
+                                           block_size=256, total_batch_size=4096),
                     evals={step: dict(step=step, val_loss=3.0, routing=dict(summary=summary))})
     runs = [run('rd_s1', 'rd_attnres', 'js_qk_v', [0.0, 0.0125, 0.0309], (1.89, 1.31)),
             run('heads_s1', 'ctrl_heads', 'js_heads1_heads2', [0.0, 0.0053, 0.001], (1.48, 1.39)),
@@ -210,4 +211,7 @@ def test_routing_table_shows_the_runs_whose_two_routes_separated():
     other = run('rd_big', 'rd_attnres', 'js_qk_v', [0.0, 0.1, 0.1], (2.0, 1.0))
     other['config']['n_layer'] = 12
     table = compare.routing_table(runs + [other])
-    assert 'in 1 of the 1 rd_attnres runs above' in table and 'rd_attnres (n_layer 12,' in table
+    assert ('- rd_attnres (12x128 (12 layers, d=128), 100 steps = 0.4M tokens): v reads shallower than qk at the '
+            'last layer in 1 of the 1 rd_attnres runs above') in table
+    assert ('- rd_attnres (8x128 (8 layers, d=128), 100 steps = 0.4M tokens): v reads shallower than qk at the '
+            'last layer in 1 of the 3 rd_attnres runs above') in table
