@@ -43,12 +43,13 @@ class TwoPhaseGPT(GPT):
     and the same parameters (a checkpoint of either loads into the other). The routing diagnostics use the
     plain read."""
     block_region = None   # compile_blocks(): attnres_block compiled, one graph reused by every AttnRes block
+    blocks_outside_the_graph = None   # compile_blocks(): forward_two_phase, which the compiled model does not trace
 
     def forward_depth_routed(self, embedding):
         if self.record_routing:
             return super().forward_depth_routed(embedding)
         if self.block_region is not None:
-            return blocks_outside_the_graph(self, embedding)
+            return self.blocks_outside_the_graph(self, embedding)
         return forward_two_phase(self, embedding)
 
     def compile_blocks(self, **options):
@@ -61,6 +62,9 @@ class TwoPhaseGPT(GPT):
         block opening on an MLP; a short last block), eval mode or no grad. Returns the compiled module, for
         the step; this one keeps the parameters (checkpoints) and records the routing with the plain read."""
         self.block_region = torch.compile(attnres_block, dynamic=False, **options)
+        # a graph break where the loop over the blocks is (made here, not where the function is defined:
+        # torch.compiler.disable imports dynamo, a second's start-up that an eager run does not need)
+        self.blocks_outside_the_graph = torch.compiler.disable(forward_two_phase)
         return torch.compile(self, dynamic=False, **options)
 
 
@@ -116,13 +120,6 @@ def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
         partial = source(out if partial is None else partial[0] + fp32(out))
     ### END WITH SOLUTION
     return partial
-
-
-@torch.compiler.disable
-def blocks_outside_the_graph(model, embedding):
-    """forward_two_phase, which a compiled model calls without tracing it (a graph break): its blocks run the
-    compiled region that model.compile_blocks made."""
-    return forward_two_phase(model, embedding)
 
 
 def forward_two_phase(model, embedding):
