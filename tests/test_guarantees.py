@@ -15,7 +15,7 @@ import torch
 import compare
 import prepare
 from run_kit import run_files
-from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, start, write_jsonl
+from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, run_here, start, write_jsonl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -31,7 +31,7 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
     os.kill(first.pid, signal.SIGSTOP)   # held mid-run (alive, its lock held) however fast this machine is
     try:
         for init in ('scratch', 'auto'):
-            p = run([f'--init_from={init}', '--seed=2', '--overwrite=True'], data_dir, out, expect_ok=False)
+            p = run_here([f'--init_from={init}', '--seed=2', '--overwrite=True'], data_dir, out, expect_ok=False)
             assert p.returncode != 0 and 'is in use by another run (pid' in p.stderr, p.stderr[-1500:]
     finally:
         os.kill(first.pid, signal.SIGCONT)
@@ -41,19 +41,19 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
     steps = [r['step'] for r in rows if 'train_loss' in r]
     assert steps == list(range(5, 61, 5))                      # one row per step: nothing interleaved
     assert json.load(open(os.path.join(out, 'config.json')))['seed'] == 1
-    run(['--init_from=auto', '--max_iters=60'], data_dir, out)   # the lock went with the process
+    run_here(['--init_from=auto', '--max_iters=60'], data_dir, out)   # the lock went with the process
 
 
 def test_a_resume_in_another_precision_or_on_another_eval_set_is_refused(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--lr_decay_iters=4', '--dtype=float32'], data_dir, out)
+    run_here(['--max_iters=2', '--lr_decay_iters=4', '--dtype=float32'], data_dir, out)
     before = open(os.path.join(out, 'config.json')).read()
     for bad, key in (('--dtype=bfloat16', 'dtype_resolved'), ('--eval_tokens=256', 'eval_tokens')):
-        p = run(['--max_iters=4', '--init_from=resume', '--dtype=float32', bad], data_dir, out, expect_ok=False)
+        p = run_here(['--max_iters=4', '--init_from=resume', '--dtype=float32', bad], data_dir, out, expect_ok=False)
         assert p.returncode != 0 and 'cannot resume' in p.stderr and key in p.stderr, p.stderr[-1500:]
     assert open(os.path.join(out, 'config.json')).read() == before
     # what may change: batch_size (with accumulation), compile, device, log/eval intervals
-    run(['--max_iters=4', '--init_from=resume', '--batch_size=2', '--eval_interval=1'], data_dir, out)
+    run_here(['--max_iters=4', '--init_from=resume', '--batch_size=2', '--eval_interval=1'], data_dir, out)
 
 
 def test_compare_refuses_pairs_in_other_precisions_or_eval_sets(tmp_path):
@@ -86,17 +86,17 @@ def test_flipped_token_bytes_are_found_by_train_and_prepare(data_dir, tmp_path, 
     data = copy_dataset(data_dir, tmp_path)
     train_bin, val_bin = (os.path.join(data, 'tiny', f'{s}.bin') for s in ('train', 'val'))
     flip_byte(train_bin, prepare.HEADER_BYTES + 1001)          # one token's low bit: still a valid id
-    p = run(['--max_iters=2'], data, str(tmp_path / 'run'), expect_ok=False)
+    p = run_here(['--max_iters=2'], data, str(tmp_path / 'run'), expect_ok=False)
     assert p.returncode != 0 and 'do not match their data_id' in p.stderr, p.stderr[-1500:]
     assert not os.path.exists(tmp_path / 'run' / 'log.jsonl')
     capsys.readouterr()
     prepare.main(['--dataset', 'tiny', '--data_dir', data])  # not "complete": rebuilt, the same data again
     assert 'not complete' in capsys.readouterr().out
-    run(['--max_iters=2'], data, str(tmp_path / 'run'))
+    run_here(['--max_iters=2'], data, str(tmp_path / 'run'))
     with open(val_bin, 'r+b') as f:                           # a token id past the vocabulary, in val.bin
         f.seek(prepare.HEADER_BYTES + 2 * 10)
         f.write((65000).to_bytes(2, 'little'))
-    p = run(['--max_iters=2'], data, str(tmp_path / 'run2'), expect_ok=False)
+    p = run_here(['--max_iters=2'], data, str(tmp_path / 'run2'), expect_ok=False)
     assert 'token id 65000, outside the GPT-2 vocabulary' in p.stderr and 'Traceback' not in p.stderr
 
 
@@ -146,7 +146,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(data_dir, tmp_path):
 
 def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_path):
     out, weights = str(tmp_path / 'run'), str(tmp_path / 'model.safetensors')
-    run(['--max_iters=2', '--residual=rd_attnres'], data_dir, out)
+    run_here(['--max_iters=2', '--residual=rd_attnres'], data_dir, out)
     p = python('sample.py', f'--out_dir={out}', f'--export={weights}')
     assert p.returncode == 0 and 'wrote' in p.stdout, p.stderr[-1500:]
     common_args = ['--start=The', '--num_samples=1', '--max_new_tokens=8', '--device=cpu', '--seed=5']
@@ -177,7 +177,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(data_dir, tmp
     assert 'could not write the checkpoint' in p.stderr and 'previous checkpoint, if any, is kept' in p.stderr
     assert 'needs about' in p.stderr and not os.path.exists(ckpt + '.tmp')
     assert open(ckpt, 'rb').read() == before
-    run(['--max_iters=4', '--init_from=auto'], data_dir, out)          # room again: it carries on
+    run_here(['--max_iters=4', '--init_from=auto'], data_dir, out)          # room again: it carries on
     assert sorted(read_log(out)[0]) == [1, 2, 3, 4]
 
 
@@ -211,8 +211,8 @@ def test_bad_invocations_are_messages_and_write_nothing(data_dir, tmp_path, args
     if args == ['--device=cuda'] and torch.cuda.is_available():
         pytest.skip('this machine has CUDA')
     out = tmp_path / 'run'
-    p = run(args, data_dir, str(out) if '{' not in args[0] else str(tmp_path / args[0].split('=')[1]),
-            expect_ok=False)
+    p = run_here(args, data_dir, str(out) if '{' not in args[0] else str(tmp_path / args[0].split('=')[1]),
+                 expect_ok=False)
     assert p.returncode != 0 and message in p.stderr and 'Traceback' not in p.stderr, p.stderr[-1500:]
     assert not any(os.path.exists(out / name) for name in ('config.json', 'log.jsonl', 'run.lock'))
 
@@ -224,7 +224,7 @@ def test_more_bad_input_is_a_message(data_dir, tmp_path):
     p = python('sample.py', '--start=The', f'--out_dir={tmp_path}', '--device=cpu')
     assert 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
     (tmp_path / 'file').write_text('in the way')
-    p = run(['--max_iters=2'], data_dir, str(tmp_path / 'file' / 'run'), expect_ok=False)
+    p = run_here(['--max_iters=2'], data_dir, str(tmp_path / 'file' / 'run'), expect_ok=False)
     assert p.returncode != 0 and 'cannot write to' in p.stderr and 'Traceback' not in p.stderr
     write_jsonl(tmp_path / 'n.jsonl', DOCS[:5])
     with open(tmp_path / 'n.jsonl', 'a') as f:
@@ -261,7 +261,7 @@ def test_ctrl_c_twice_during_a_checkpoint_write_is_one_message(data_dir, tmp_pat
     assert proc.returncode != 0 and 'interrupted (Ctrl-C): the last checkpoint' in stderr, stderr[-2000:]
     assert 'Traceback' not in stderr and 'Exception ignored' not in stderr, stderr[-2000:]
     assert not tmp.exists() and run_files.checkpoint_progress(str(out / 'ckpt.pt')) in ((2, 6), (4, 6))
-    run([*args, '--init_from=auto'], data_dir, str(out))               # and the run carries on to its end
+    run_here([*args, '--init_from=auto'], data_dir, str(out))               # and the run carries on to its end
     assert sorted(read_log(str(out))[1]) == [0, 2, 4, 6]
 
 
@@ -316,8 +316,8 @@ def test_messages_say_what_happened(data_dir, tmp_path):
         prepare.main(['--input', str(tmp_path / 'b.jsonl'), '--data_dir', str(tmp_path / 'data'), '--name', 'b',
                       '--num_proc', '1'])
     # eval_only from scratch says that it writes nothing, and does not
-    p = run(['--eval_only=True'], data_dir, str(tmp_path / 'eval'))
+    p = run_here(['--eval_only=True'], data_dir, str(tmp_path / 'eval'))
     assert 'writes nothing' in p.stdout and 'writes to' not in p.stdout and not os.path.exists(tmp_path / 'eval' / 'log.jsonl')
     # a run shorter than its warmup says so
-    p = run(['--max_iters=2', '--warmup_iters=5'], data_dir, str(tmp_path / 'short'))
+    p = run_here(['--max_iters=2', '--warmup_iters=5'], data_dir, str(tmp_path / 'short'))
     assert 'the whole run is warmup' in p.stderr

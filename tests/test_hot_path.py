@@ -14,7 +14,7 @@ import torch
 
 from run_kit import common, run_control, run_dir, run_files
 import train
-from helpers import read_log, run, train_here
+from helpers import read_log, run, run_here, train_here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_training_steps_read_nothing_back_between_log_steps(data_dir, tmp_path, 
 
 def test_evaluation_reads_back_once_whatever_the_number_of_batches(data_dir, tmp_path, monkeypatch):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)
+    run_here(['--max_iters=2'], data_dir, out)
     calls = count_syncs(monkeypatch)
     counts = []
     for eval_batch_size in (1, 8):   # 16 batches vs 2 batches of the 16 validation windows
@@ -93,11 +93,11 @@ def test_compiled_run_with_a_ragged_evaluation_compiles_each_graph_once(data_dir
 
 def test_padding_the_last_batch_scores_the_same_tokens(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--eval_tokens=352'], data_dir, out)          # 11 validation windows
+    run_here(['--max_iters=2', '--eval_tokens=352'], data_dir, out)          # 11 validation windows
     losses = []
     for eval_batch_size in (4, 11):                                     # padded (4 + 4 + 3 + 1 pad) vs exact
-        run(['--init_from=resume', '--eval_only=True', '--max_iters=2', '--eval_tokens=352',
-             f'--eval_batch_size={eval_batch_size}'], data_dir, out)
+        run_here(['--init_from=resume', '--eval_only=True', '--max_iters=2', '--eval_tokens=352',
+                  f'--eval_batch_size={eval_batch_size}'], data_dir, out)
         losses.append(read_log(out)[1][2]['val_loss'])
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     assert train.eval_batches(11, 0, 1, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, -1]]
@@ -112,8 +112,8 @@ def test_padding_the_last_batch_scores_the_same_tokens(data_dir, tmp_path):
 def test_fp16_overflows_are_skipped_steps(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     # 2^24: scaled gradients overflow fp16 at first; the scaler halves the scale until they fit
-    run(['--dtype=float16', '--fp16_init_scale=16777216.0', '--max_iters=10', '--lr_decay_iters=10',
-         '--eval_interval=10'], data_dir, out)
+    run_here(['--dtype=float16', '--fp16_init_scale=16777216.0', '--max_iters=10', '--lr_decay_iters=10',
+              '--eval_interval=10'], data_dir, out)
     train_rows, val_rows = read_log(out)
     skipped = sum(r['skipped_steps'] for r in train_rows.values())
     assert skipped >= 2 and train_rows[10]['loss_scale'] < 2 ** 24
@@ -123,8 +123,8 @@ def test_fp16_overflows_are_skipped_steps(data_dir, tmp_path):
 
 def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    p = run(['--dtype=float16', '--fp16_init_scale=1e30', '--max_iters=40', '--lr_decay_iters=40',
-             '--eval_interval=5'], data_dir, out, expect_ok=False)
+    p = run_here(['--dtype=float16', '--fp16_init_scale=1e30', '--max_iters=40', '--lr_decay_iters=40',
+                  '--eval_interval=5'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and f'{run_control.MAX_SKIPPED_STEPS} steps in a row' in p.stderr, p.stderr[-1500:]
     # skipped steps leave the weights as they were: what was saved before the stop is still good
     ckpt = run_files.load_checkpoint(os.path.join(out, 'ckpt.pt'))
@@ -145,7 +145,7 @@ def test_mfu_knows_the_h100_variants_and_skips_the_first_interval(data_dir, tmp_
         assert common.detect_peak_flops('cuda:3') == flops, name
     monkeypatch.undo()
     out = str(tmp_path / 'run')
-    run(['--peak_flops=1e12', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=100'], data_dir, out)
+    run_here(['--peak_flops=1e12', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=100'], data_dir, out)
     rows = read_log(out)[0]
     assert rows[1]['mfu'] is None and all(rows[s]['mfu'] > 0 for s in (2, 3, 4))  # step 1 includes the warm-up
 

@@ -11,7 +11,7 @@ import torch
 
 from run_kit import run_control, run_files
 import train
-from helpers import TINY, assert_same_run, logged_steps, read_log, run, start, wait_for_step
+from helpers import TINY, assert_same_run, logged_steps, read_log, run, run_here, start, wait_for_step
 
 TORCHRUN = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
 
@@ -52,32 +52,32 @@ def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
 def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     args = ['--init_from=auto', '--lr_decay_iters=4']
-    run(args + ['--max_iters=2'], data_dir, out)                          # nothing there: from scratch
+    run_here(args + ['--max_iters=2'], data_dir, out)                          # nothing there: from scratch
     assert sorted(read_log(out)[0]) == [1, 2]
-    p = run(args, data_dir, out)                                          # a checkpoint of this run: resume
+    p = run_here(args, data_dir, out)                                          # a checkpoint of this run: resume
     assert 'resumed at step 2' in p.stdout and sorted(read_log(out)[0]) == [1, 2, 3, 4]
     full = str(tmp_path / 'full')
-    run(['--lr_decay_iters=4'], data_dir, full)
+    run_here(['--lr_decay_iters=4'], data_dir, full)
     assert_same_run(out, full)
     before = {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
-    p = run(args, data_dir, out)                                          # finished: nothing to do
+    p = run_here(args, data_dir, out)                                          # finished: nothing to do
     assert 'already finished at step 4' in p.stdout
     assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
-    p = run(args + ['--seed=2'], data_dir, out, expect_ok=False)         # another run: refused
+    p = run_here(args + ['--seed=2'], data_dir, out, expect_ok=False)         # another run: refused
     assert p.returncode != 0 and 'cannot resume' in p.stderr and 'seed' in p.stderr
     assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
 
 
 def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=4'], data_dir, out)
+    run_here(['--max_iters=4'], data_dir, out)
     # what a kill at step 1, before the first checkpoint (the first evaluation, step 2), leaves
     os.remove(os.path.join(out, 'ckpt.pt'))
     rows = [json.loads(line) for line in open(os.path.join(out, 'log.jsonl'))]
     open(os.path.join(out, 'log.jsonl'), 'w').write(''.join(json.dumps(r) + '\n' for r in rows if r['step'] < 2))
-    p = run(['--init_from=auto', '--seed=2'], data_dir, out, expect_ok=False)   # not this run: refused
+    p = run_here(['--init_from=auto', '--seed=2'], data_dir, out, expect_ok=False)   # not this run: refused
     assert p.returncode != 0 and 'another configuration' in p.stderr and 'seed' in p.stderr
-    run(['--init_from=auto'], data_dir, out)         # this run: started again, nothing trained was lost
+    run_here(['--init_from=auto'], data_dir, out)         # this run: started again, nothing trained was lost
     assert sorted(read_log(out)[0]) == [1, 2, 3, 4] and os.path.exists(os.path.join(out, 'ckpt.pt'))
 
 

@@ -23,7 +23,7 @@ from helpers import make_run
 from helpers import limit_file_size, python
 from helpers import logged_steps, start, wait_for_step
 from helpers import DOCS, write_jsonl
-from helpers import HERE, TINY, run
+from helpers import HERE, TINY, run, run_here
 
 import sample
 import train
@@ -47,8 +47,8 @@ def runs(data_dir, tmp_path_factory):
     """A run stopped at step 2 of a 4-step schedule, a finished 4-step run, and its weights exported:
     tests take copies."""
     root = tmp_path_factory.mktemp('runs')
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(root / 'half'))
-    run(['--max_iters=4'], data_dir, str(root / 'finished'))
+    run_here(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(root / 'half'))
+    run_here(['--max_iters=4'], data_dir, str(root / 'finished'))
     assert python('sample.py', f'--out_dir={root / "finished"}', f'--export={root / "w.safetensors"}').returncode == 0
     return root
 
@@ -419,7 +419,7 @@ def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoi
     stopped = int(stdout.split('stopped by SIGTERM at step ')[1].split(':')[0])
     assert stopped % 5 == 0 and f'checkpoint written to {out}/ckpt.pt' in stdout       # an eval step
     assert run_files.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (stopped, 400)
-    resumed = run([*args, '--init_from=auto', f'--max_iters={stopped + 5}'], data_dir, out)
+    resumed = run_here([*args, '--init_from=auto', f'--max_iters={stopped + 5}'], data_dir, out)
     assert f'resumed at step {stopped}' in resumed.stdout
 
 
@@ -433,7 +433,7 @@ def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir,
     assert run_files.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (2, 2)
     assert not study.is_finished(out)                       # the final evaluation is logged after its checkpoint
     assert 4 not in {r['step'] for r in run_files.read_log(os.path.join(out, 'log.jsonl')) if 'val_loss' in r}
-    run(['--max_iters=4', '--init_from=auto'], data_dir, out)
+    run_here(['--max_iters=4', '--init_from=auto'], data_dir, out)
     assert study.is_finished(out)
 
 
@@ -497,8 +497,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(data_dir, tmp_pat
     proc.communicate()
     assert not os.path.exists(os.path.join(out, 'ckpt.pt')) and max(logged_steps(out)) < 200
     for args in (['--init_from=resume'], []):   # both point to the way out
-        assert '--init_from=auto' in no_traceback(run(args, data_dir, out, expect_ok=False))
-    run(['--init_from=auto', '--max_iters=4', '--lr_decay_iters=400', '--eval_interval=200'], data_dir, out)
+        assert '--init_from=auto' in no_traceback(run_here(args, data_dir, out, expect_ok=False))
+    run_here(['--init_from=auto', '--max_iters=4', '--lr_decay_iters=400', '--eval_interval=200'], data_dir, out)
     assert sorted(logged_steps(out)) == [1, 2, 3, 4]
 
 

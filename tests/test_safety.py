@@ -18,7 +18,7 @@ import torch
 import prepare
 from run_kit import run_control, run_files
 from helpers import DOCS, write_jsonl
-from helpers import HERE, read_log, run
+from helpers import HERE, read_log, run, run_here
 
 
 
@@ -34,26 +34,26 @@ def snapshot(out_dir):
 
 def test_a_fresh_run_refuses_to_replace_an_existing_run(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)
+    run_here(['--max_iters=2'], data_dir, out)
     before = snapshot(out)
-    p = run(['--max_iters=2'], data_dir, out, expect_ok=False)        # the same seed loop, run again by mistake
+    p = run_here(['--max_iters=2'], data_dir, out, expect_ok=False)        # the same seed loop, run again by mistake
     assert p.returncode != 0 and 'already holds a run' in p.stderr
     assert all(w in p.stderr for w in ('ckpt.pt', 'log.jsonl', '--init_from=resume', '--out_dir', '--overwrite=True'))
     assert snapshot(out) == before                                    # nothing touched
-    run(['--max_iters=2', '--overwrite=True', '--seed=5'], data_dir, out)   # asked for explicitly: replaced
+    run_here(['--max_iters=2', '--overwrite=True', '--seed=5'], data_dir, out)   # asked for explicitly: replaced
     assert json.load(open(os.path.join(out, 'config.json')))['seed'] == 5
 
 
 def test_resume_keeps_the_schedule_it_started_with(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=3', '--eval_interval=3'], data_dir, out)                # schedule: 3 steps
+    run_here(['--max_iters=3', '--eval_interval=3'], data_dir, out)                # schedule: 3 steps
     assert json.load(open(os.path.join(out, 'config.json')))['lr_decay_iters'] == 3
     # the old README example, --max_iters=6 on resume, would have stretched the cosine: refused now
-    p = run(['--max_iters=6', '--init_from=resume'], data_dir, out, expect_ok=False)
+    p = run_here(['--max_iters=6', '--init_from=resume'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and 'past the end of the LR schedule' in p.stderr and '--train_past_schedule=True' in p.stderr
-    p = run(['--max_iters=6', '--init_from=resume', '--lr_decay_iters=6'], data_dir, out, expect_ok=False)
+    p = run_here(['--max_iters=6', '--init_from=resume', '--lr_decay_iters=6'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and 'lr_decay_iters: checkpoint 3 vs now 6' in p.stderr    # frozen like the others
-    run(['--max_iters=6', '--init_from=resume', '--train_past_schedule=True'], data_dir, out)
+    run_here(['--max_iters=6', '--init_from=resume', '--train_past_schedule=True'], data_dir, out)
     rows = read_log(out)[0]
     assert [rows[s]['lr'] for s in (1, 2, 3)] == pytest.approx([1.5e-3, 3e-3, 3e-3])   # the 3-step schedule, as before
     assert all(rows[s]['lr'] == pytest.approx(3e-3 * 0.1) for s in (4, 5, 6))      # then its final LR, kept
@@ -61,9 +61,9 @@ def test_resume_keeps_the_schedule_it_started_with(data_dir, tmp_path):
 
 def test_eval_only_on_a_checkpoint_evaluates_logs_and_touches_nothing(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)
+    run_here(['--max_iters=2'], data_dir, out)
     ckpt, config = (open(os.path.join(out, n), 'rb').read() for n in ('ckpt.pt', 'config.json'))
-    p = run(['--max_iters=4', '--init_from=resume', '--eval_only=True'], data_dir, out)
+    p = run_here(['--max_iters=4', '--init_from=resume', '--eval_only=True'], data_dir, out)
     assert 'eval_only' in p.stdout
     rows = run_files.read_log(os.path.join(out, 'log.jsonl'))
     assert rows[-1]['eval_only'] is True and rows[-1]['step'] == 2
@@ -99,13 +99,13 @@ def test_a_torn_last_log_line_is_dropped_on_resume(data_dir, tmp_path):
 
 def test_a_damaged_checkpoint_is_refused_and_left_as_it_is(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    run_here(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
     path = os.path.join(out, 'ckpt.pt')
     data = bytearray(open(path, 'rb').read())
     middle = len(data) // 2
     data[middle:middle + 300] = bytes(255 - b for b in data[middle:middle + 300])   # a few hundred flipped bytes
     open(path, 'wb').write(bytes(data))
-    p = run(['--max_iters=4', '--lr_decay_iters=4', '--init_from=resume'], data_dir, out, expect_ok=False)
+    p = run_here(['--max_iters=4', '--lr_decay_iters=4', '--init_from=resume'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and 'damaged' in p.stderr and 'left as it is' in p.stderr, p.stderr[-1500:]
     assert open(path, 'rb').read() == bytes(data)
 
@@ -123,11 +123,11 @@ def test_checksum_covers_every_tensor_and_value():
 
 def test_resume_refuses_data_from_another_build(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    run_here(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
     other = str(tmp_path / 'other')
     prepare.main(['--dataset', 'tiny', '--data_dir', other, '--num_proc', '1', '--max_tokens', '60000'])
-    p = run(['--max_iters=4', '--lr_decay_iters=4', '--init_from=resume', f'--data_dir={other}'], data_dir, out,
-            expect_ok=False)
+    p = run_here(['--max_iters=4', '--lr_decay_iters=4', '--init_from=resume', f'--data_dir={other}'], data_dir, out,
+                 expect_ok=False)
     assert p.returncode != 0 and 'data_id' in p.stderr
 
 
@@ -225,7 +225,7 @@ def test_offline_tokenizer_says_what_to_download_and_how_to_avoid_it(monkeypatch
 
 def test_sample_says_when_the_prompt_is_cut_and_config_warns_about_a_single_block(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)                              # context 32
+    run_here(['--max_iters=2'], data_dir, out)                              # context 32
     p = subprocess.run([sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={out}', '--start=' + 'word ' * 60,
                         '--num_samples=1', '--max_new_tokens=2', '--device=cpu', '--show_routing=True'],
                        capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ import torch
 from configurator import configure
 from run_kit.run_files import load_checkpoint, save_checkpoint
 import train
-from helpers import HERE, read_log, run
+from helpers import HERE, read_log, run, run_here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def test_two_arms_of_one_seed_are_paired(data_dir, tmp_path):
     # learning_rate=0: one step leaves the initial parameters in the checkpoint
     out = {m: str(tmp_path / m) for m in ('attnres', 'rd_attnres', 'standard')}
     for mode, path in out.items():
-        run([f'--residual={mode}', '--max_iters=2', '--learning_rate=0.0', '--seed=7'], data_dir, path)
+        run_here([f'--residual={mode}', '--max_iters=2', '--learning_rate=0.0', '--seed=7'], data_dir, path)
     states = {m: torch.load(os.path.join(p, 'ckpt.pt'), weights_only=False)['model'] for m, p in out.items()}
     for a in out:
         for b in out:
@@ -149,7 +149,7 @@ def test_two_arms_of_one_seed_are_paired(data_dir, tmp_path):
     # the fixed validation set: attnres and rd_attnres are the same function at init, so the same loss
     assert logs['attnres'][1][0]['val_loss'] == pytest.approx(logs['rd_attnres'][1][0]['val_loss'], abs=1e-6)
     other = str(tmp_path / 'other_seed')
-    run(['--residual=attnres', '--max_iters=2', '--learning_rate=0.0', '--seed=8'], data_dir, other)
+    run_here(['--residual=attnres', '--max_iters=2', '--learning_rate=0.0', '--seed=8'], data_dir, other)
     assert [r['data_hash'] for _, r in sorted(read_log(other)[0].items())] != hashes['attnres']
 
 
@@ -174,9 +174,9 @@ def test_ddp_on_two_processes_equals_one_process_with_accumulation(data_dir, tmp
 def test_resume_equals_an_uninterrupted_run(data_dir, tmp_path):
     full, half = str(tmp_path / 'full'), str(tmp_path / 'half')
     args = ['--residual=rd_attnres', '--lr_decay_iters=6', '--eval_interval=3']
-    run(args + ['--max_iters=6'], data_dir, full)
-    run(args + ['--max_iters=3'], data_dir, half)
-    run(args + ['--max_iters=6', '--init_from=resume'], data_dir, half)
+    run_here(args + ['--max_iters=6'], data_dir, full)
+    run_here(args + ['--max_iters=3'], data_dir, half)
+    run_here(args + ['--max_iters=6', '--init_from=resume'], data_dir, half)
     (tf, vf), (th, vh) = read_log(full), read_log(half)
     assert sorted(tf) == sorted(th) == [1, 2, 3, 4, 5, 6] and sorted(vf) == sorted(vh) == [0, 3, 6]
     assert [tf[s]['train_loss'] for s in tf] == [th[s]['train_loss'] for s in tf]
@@ -190,42 +190,42 @@ def test_resume_equals_an_uninterrupted_run(data_dir, tmp_path):
 
 def test_resume_refuses_another_mode_or_shape(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--residual=attnres', '--max_iters=2'], data_dir, out)
+    run_here(['--residual=attnres', '--max_iters=2'], data_dir, out)
     for bad, word in (['--residual=rd_attnres', 'residual'], ['--n_embd=64', 'n_embd'], ['--seed=2', 'seed']):
-        p = run(['--residual=attnres', '--max_iters=4', '--init_from=resume', bad], data_dir, out, expect_ok=False)
+        p = run_here(['--residual=attnres', '--max_iters=4', '--init_from=resume', bad], data_dir, out, expect_ok=False)
         assert p.returncode != 0 and 'cannot resume' in p.stderr and word in p.stderr, p.stderr[-1000:]
 
 
 def test_non_finite_loss_stops_without_saving(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    p = run(['--learning_rate=1e30', '--warmup_iters=1', '--eval_interval=1', '--max_iters=10'], data_dir, out,
-            expect_ok=False)
+    p = run_here(['--learning_rate=1e30', '--warmup_iters=1', '--eval_interval=1', '--max_iters=10'], data_dir, out,
+                 expect_ok=False)
     assert p.returncode != 0 and 'non-finite' in p.stderr and 'no checkpoint was written' in p.stderr, p.stderr[-1500:]
     assert not os.path.exists(os.path.join(out, 'ckpt.pt'))   # nothing diverged was written
 
 
 def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--lr_decay_iters=6'], data_dir, out)
+    run_here(['--max_iters=2', '--lr_decay_iters=6'], data_dir, out)
     path = os.path.join(out, 'ckpt.pt')
     ckpt = load_checkpoint(path)
     for state in ckpt['optimizer']['state'].values():   # a NaN optimizer moment (checksum valid): the next update is NaN
         state['exp_avg'].fill_(float('nan'))
     save_checkpoint(ckpt, path)
-    p = run(['--max_iters=6', '--eval_interval=1', '--init_from=resume'], data_dir, out, expect_ok=False)
+    p = run_here(['--max_iters=6', '--eval_interval=1', '--init_from=resume'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and 'non-finite' in p.stderr and 'at step 3' in p.stderr, p.stderr[-1500:]
     kept = torch.load(path, weights_only=False)
     assert kept['step'] == 2 and all(torch.isfinite(v).all() for v in kept['model'].values())
 
 
 def test_missing_data_says_which_prepare_command_to_run(tmp_path):
-    p = run([], str(tmp_path / 'nodata'), str(tmp_path / 'run'), expect_ok=False)
+    p = run_here([], str(tmp_path / 'nodata'), str(tmp_path / 'run'), expect_ok=False)
     assert p.returncode != 0 and 'python prepare.py --dataset tiny' in p.stderr
 
 
 def test_config_json_records_the_run(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2', '--residual=ctrl_fixed_v'], data_dir, out)
+    run_here(['--max_iters=2', '--residual=ctrl_fixed_v'], data_dir, out)
     meta = json.load(open(os.path.join(out, 'config.json')))
     assert meta['residual'] == 'ctrl_fixed_v' and meta['world_size'] == 1
     assert meta['torch_version'] == torch.__version__ and 'git_commit' in meta
@@ -242,7 +242,7 @@ def test_config_json_records_the_run(data_dir, tmp_path):
 
 def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     out = str(tmp_path / 'run')
-    run(['--max_iters=2'], data_dir, out)
+    run_here(['--max_iters=2'], data_dir, out)
     cmd = [sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={out}', '--start=The', '--num_samples=2',
            '--max_new_tokens=12', '--seed=3', '--show_routing=True', '--device=cpu']
     a = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
