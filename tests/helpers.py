@@ -43,30 +43,43 @@ def run(args, data_dir, out_dir, expect_ok=True, launcher=(sys.executable,)):
     return p
 
 
-def run_here(args, data_dir, out_dir, expect_ok=True):
-    """What run() does, in this process: train.py's main() on the same command line, its exit status and what
-    it printed (a user's error is the SystemExit its message ends in), without a second or two of start-up
-    (Python, torch, dynamo). For runs that need no process of their own: none that is signalled, killed, held
-    to a file-size limit or launched by torchrun, none whose check reads a warning (pytest records warnings,
-    they never reach stderr), and none into an out_dir that a run in another process uses next (a process
-    holds the out_dir it ran in for its whole life: run_files.lock_out_dir)."""
+def main_here(main, argv):
+    """A script's command line run as its main(argv) in this process, as python would run it: its exit status
+    and what it printed (a user's error is the SystemExit its message ends in), a subprocess.CompletedProcess,
+    without a second or two of start-up (Python, torch, dynamo). torch keeps one thread, as the processes
+    these tests start do (OMP_NUM_THREADS=1)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # as run()'s OMP_NUM_THREADS=1: a tiny model, and the other test workers share the cores
+    torch.set_num_threads(1)   # a tiny model, and the other test workers share the cores
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            code = train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False',
-                               *args])
+            code = main(argv)
         except SystemExit as e:   # what the interpreter does with it: a message goes to stderr, with status 1
             code = e.code if isinstance(e.code, int) or e.code is None else 1
             if not isinstance(e.code, int) and e.code is not None:
                 print(e.code, file=sys.stderr)
         finally:
             torch.set_num_threads(threads)
-    p = subprocess.CompletedProcess(['train.py', *args], code or 0, stdout.getvalue(), stderr.getvalue())
+    return subprocess.CompletedProcess(argv, code or 0, stdout.getvalue(), stderr.getvalue())
+
+
+def run_here(args, data_dir, out_dir, expect_ok=True):
+    """What run() does, in this process (main_here). For runs that need no process of their own: none that is
+    signalled, killed, held to a file-size limit or launched by torchrun, none whose check reads a warning
+    (pytest records warnings, they never reach stderr), and none into an out_dir that a run in another
+    process uses next (a process holds the out_dir it ran in for its whole life: run_files.lock_out_dir)."""
+    p = main_here(train.main, [*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False',
+                               *args])
     if expect_ok:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     return p
+
+
+def sample_here(*args):
+    """python('sample.py', *args) in this process (main_here), for a checkpoint or weights file that is not
+    hostile: one that runs code when read must be read in a process of its own."""
+    import sample
+    return main_here(sample.main, list(args))
 
 
 def start(args, data_dir, out_dir, launcher=(sys.executable,)):

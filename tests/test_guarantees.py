@@ -15,7 +15,7 @@ import torch
 import compare
 import prepare
 from run_kit import run_files
-from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, run_here, start, write_jsonl
+from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, run_here, sample_here, start, write_jsonl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,17 +147,17 @@ def test_a_planted_pickle_is_refused_and_never_runs(data_dir, tmp_path):
 def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_path):
     out, weights = str(tmp_path / 'run'), str(tmp_path / 'model.safetensors')
     run_here(['--max_iters=2', '--residual=rd_attnres'], data_dir, out)
-    p = python('sample.py', f'--out_dir={out}', f'--export={weights}')
+    p = sample_here(f'--out_dir={out}', f'--export={weights}')
     assert p.returncode == 0 and 'wrote' in p.stdout, p.stderr[-1500:]
     common_args = ['--start=The', '--num_samples=1', '--max_new_tokens=8', '--device=cpu', '--seed=5']
-    a = python('sample.py', f'--out_dir={out}', *common_args)
-    b = python('sample.py', f'--weights={weights}', *common_args)
+    a = sample_here(f'--out_dir={out}', *common_args)
+    b = sample_here(f'--weights={weights}', *common_args)
     assert a.returncode == 0 and b.returncode == 0, b.stderr[-1500:]
     assert a.stdout.split('\n', 1)[1] == b.stdout.split('\n', 1)[1]   # the same text (first line: the source)
     (tmp_path / 'not.safetensors').write_bytes(b'\x00' * 64)
-    bad = python('sample.py', f'--weights={tmp_path / "not.safetensors"}')
+    bad = sample_here(f'--weights={tmp_path / "not.safetensors"}')
     assert bad.returncode != 0 and 'cannot be read as a .safetensors file' in bad.stderr
-    missing = python('sample.py', f'--weights={weights}', '--start=FILE:/no/such/prompt.txt', '--device=cpu')
+    missing = sample_here(f'--weights={weights}', '--start=FILE:/no/such/prompt.txt', '--device=cpu')
     assert 'cannot read the prompt file' in missing.stderr and 'Traceback' not in missing.stderr
 
 
@@ -221,7 +221,7 @@ def test_more_bad_input_is_a_message(data_dir, tmp_path):
     (tmp_path / 'syntax.py').write_text('n_layer = = 2\n')
     p = python('train.py', str(tmp_path / 'syntax.py'))
     assert p.returncode != 0 and 'syntax.py, line 1' in p.stderr and 'Traceback' not in p.stderr
-    p = python('sample.py', '--start=The', f'--out_dir={tmp_path}', '--device=cpu')
+    p = sample_here('--start=The', f'--out_dir={tmp_path}', '--device=cpu')
     assert 'no checkpoint' in p.stderr and 'Traceback' not in p.stderr
     (tmp_path / 'file').write_text('in the way')
     p = run_here(['--max_iters=2'], data_dir, str(tmp_path / 'file' / 'run'), expect_ok=False)

@@ -23,7 +23,7 @@ from helpers import make_run
 from helpers import limit_file_size, python
 from helpers import logged_steps, start, wait_for_step
 from helpers import DOCS, write_jsonl
-from helpers import HERE, TINY, run, run_here
+from helpers import HERE, TINY, run, run_here, sample_here
 
 import sample
 import train
@@ -49,7 +49,7 @@ def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp('runs')
     run_here(['--max_iters=2', '--lr_decay_iters=4'], data_dir, str(root / 'half'))
     run_here(['--max_iters=4'], data_dir, str(root / 'finished'))
-    assert python('sample.py', f'--out_dir={root / "finished"}', f'--export={root / "w.safetensors"}').returncode == 0
+    assert sample_here(f'--out_dir={root / "finished"}', f'--export={root / "w.safetensors"}').returncode == 0
     return root
 
 

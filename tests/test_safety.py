@@ -5,8 +5,6 @@ that nothing was lost or silently changed."""
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -18,7 +16,7 @@ import torch
 import prepare
 from run_kit import run_control, run_files
 from helpers import DOCS, write_jsonl
-from helpers import HERE, read_log, run, run_here
+from helpers import read_log, run, run_here, sample_here
 
 
 
@@ -226,9 +224,8 @@ def test_offline_tokenizer_says_what_to_download_and_how_to_avoid_it(monkeypatch
 def test_sample_says_when_the_prompt_is_cut_and_config_warns_about_a_single_block(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run_here(['--max_iters=2'], data_dir, out)                              # context 32
-    p = subprocess.run([sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={out}', '--start=' + 'word ' * 60,
-                        '--num_samples=1', '--max_new_tokens=2', '--device=cpu', '--show_routing=True'],
-                       capture_output=True, text=True, timeout=300)
+    p = sample_here(f'--out_dir={out}', '--start=' + 'word ' * 60, '--num_samples=1', '--max_new_tokens=2', '--device=cpu',
+                    '--show_routing=True')
     assert p.returncode == 0, p.stderr[-2000:]
     assert 'longer than the context of 32: only its last 32 tokens are used' in p.stdout
     assert 'routes: qk = ' in p.stdout and 'v = the input of values' in p.stdout   # the legend

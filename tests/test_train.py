@@ -5,7 +5,6 @@ the CPU with a tiny model on the built-in corpus."""
 import glob
 import json
 import os
-import subprocess
 import sys
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -16,7 +15,7 @@ import torch
 from configurator import configure
 from run_kit.run_files import load_checkpoint, save_checkpoint
 import train
-from helpers import HERE, read_log, run, run_here
+from helpers import HERE, read_log, run, run_here, sample_here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,15 +242,13 @@ def test_config_json_records_the_run(data_dir, tmp_path):
 def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run_here(['--max_iters=2'], data_dir, out)
-    cmd = [sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={out}', '--start=The', '--num_samples=2',
-           '--max_new_tokens=12', '--seed=3', '--show_routing=True', '--device=cpu']
-    a = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    b = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    args = [f'--out_dir={out}', '--start=The', '--num_samples=2', '--max_new_tokens=12', '--seed=3',
+            '--show_routing=True', '--device=cpu']
+    a, b = sample_here(*args), sample_here(*args)
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout                          # seeded: reproducible
     assert 'qk' in a.stdout and 'final' in a.stdout and a.stdout.count('----') >= 2
-    bad = subprocess.run([sys.executable, os.path.join(HERE, 'sample.py'), f'--out_dir={tmp_path}/none'],
-                         capture_output=True, text=True, timeout=300)
+    bad = sample_here(f'--out_dir={tmp_path}/none')
     assert bad.returncode != 0 and 'no checkpoint' in bad.stderr
 
 
