@@ -5,12 +5,14 @@ import contextlib
 import io
 import json
 import os
+import random
 import resource
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 import train
@@ -43,23 +45,34 @@ def run(args, data_dir, out_dir, expect_ok=True, launcher=(sys.executable,)):
     return p
 
 
-def main_here(main, argv):
+def main_here(main, argv, returns_status=True):
     """A script's command line run as its main(argv) in this process, as python would run it: its exit status
     and what it printed (a user's error is the SystemExit its message ends in), a subprocess.CompletedProcess,
-    without a second or two of start-up (Python, torch, dynamo). torch keeps one thread, as the processes
-    these tests start do (OMP_NUM_THREADS=1)."""
+    without a second or two of start-up (Python, torch, dynamo). returns_status: the script exits with what
+    main returns (train.py's sys.exit(main(...)); sample.py ignores it). torch keeps one thread, as the
+    processes these tests start do (OMP_NUM_THREADS=1), and the test's random states and TF32 flags are given
+    back (train.py seeds and, on a resume, restores the generators)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    threads = torch.get_num_threads()
+    threads, tf32 = torch.get_num_threads(), (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    states = random.getstate(), np.random.get_state()
     torch.set_num_threads(1)   # a tiny model, and the other test workers share the cores
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            code = main(argv)
-        except SystemExit as e:   # what the interpreter does with it: a message goes to stderr, with status 1
-            code = e.code if isinstance(e.code, int) or e.code is None else 1
-            if not isinstance(e.code, int) and e.code is not None:
-                print(e.code, file=sys.stderr)
-        finally:
-            torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(argv)
+                code = code if returns_status else None
+            except SystemExit as e:   # what the interpreter does with it: a message goes to stderr, with status 1
+                code = e.code if isinstance(e.code, int) or e.code is None else 1
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=sys.stderr)
+    except BaseException:   # (a bug, not a message: the test fails with what the run printed before it)
+        print(stdout.getvalue()[-2000:], stderr.getvalue()[-4000:], sep='\n', file=sys.stderr)
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        random.setstate(states[0])
+        np.random.set_state(states[1])
     return subprocess.CompletedProcess(argv, code or 0, stdout.getvalue(), stderr.getvalue())
 
 
@@ -79,7 +92,7 @@ def sample_here(*args):
     """python('sample.py', *args) in this process (main_here), for a checkpoint or weights file that is not
     hostile: one that runs code when read must be read in a process of its own."""
     import sample
-    return main_here(sample.main, list(args))
+    return main_here(sample.main, list(args), returns_status=False)
 
 
 def start(args, data_dir, out_dir, launcher=(sys.executable,)):

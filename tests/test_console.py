@@ -15,7 +15,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 
 import prepare
-from helpers import HERE, read_log, run, run_here
+from helpers import HERE, read_log, run
 
 
 
@@ -90,7 +90,7 @@ def test_wandb_records_the_log_and_a_resume_continues_the_same_run(data_dir, tmp
 
 
 def test_the_console_is_a_short_summary_with_an_eta(data_dir, tmp_path):
-    p = run_here(['--max_iters=4', '--lr_decay_iters=4'], data_dir, str(tmp_path / 'run'))
+    p = run(['--max_iters=4', '--lr_decay_iters=4'], data_dir, str(tmp_path / 'run'))   # the console of a process of its own
     head = p.stdout.split('step 0:')[0]
     assert len(head.strip().splitlines()) <= 5 and '{' not in head          # no JSON dump
     assert 'rd_attnres | 2 layers x 32' in head and 'tokens per step' in head and 'writes to' in head

@@ -15,7 +15,7 @@ import torch
 from configurator import configure
 from run_kit.run_files import load_checkpoint, save_checkpoint
 import train
-from helpers import HERE, read_log, run, run_here, sample_here
+from helpers import HERE, python, read_log, run, run_here, sample_here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     run_here(['--max_iters=2'], data_dir, out)
     args = [f'--out_dir={out}', '--start=The', '--num_samples=2', '--max_new_tokens=12', '--seed=3',
             '--show_routing=True', '--device=cpu']
-    a, b = sample_here(*args), sample_here(*args)
+    a, b = python('sample.py', *args), sample_here(*args)   # a process of its own, and this one: the same samples
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.stdout == b.stdout                          # seeded: reproducible
     assert 'qk' in a.stdout and 'final' in a.stdout and a.stdout.count('----') >= 2
