@@ -367,15 +367,18 @@ def grade_safely(n, submission, name, limit, sandbox, follow):
 
 def submissions_in(n, folder):
     """([(name as shown, path, follow links)], [what was skipped, in words]): the folder itself if it is one
-    submission (it holds one of the assignment's files), else each of its subfolders (a class: one folder per
-    student). In a class a student's entry that is a link is graded as not handed in (a link hands in someone
-    else's folder), and a plain file is skipped and said."""
+    submission (it holds one of the assignment's files or of the project's top-level .py files as a regular
+    file), else each of its subfolders (a class: one folder per student). A student names their own folder,
+    so a folder or a link named compare.py in a class is a student's, never the sign of a submission. In a
+    class a student's entry that is a link is graded as not handed in (a link hands in someone else's
+    folder), and a plain file is skipped and said."""
     from course_kit.grader import shown_name
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
         raise SystemExit(f"{folder} cannot be read as a folder of submissions ({e.strerror})")
-    if any(e.name in files_of(n) for e in entries):
+    signs = {f for f in files_of(n) + handout_files() if '/' not in f and f.endswith('.py')}
+    if any(e.name in signs and e.is_file(follow_symlinks=False) for e in entries):
         return [(shown_name(os.path.basename(os.path.abspath(folder))), folder, True)], []
     subs, skipped = [], []
     for e in entries:
@@ -391,6 +394,24 @@ def submissions_in(n, folder):
         subs = [(f"{name} (folder {i + 1})" if names.count(name) > 1 else name, path, follow)
                 for i, (name, path, follow) in enumerate(subs)]
     return subs, skipped
+
+
+def file_names(names):
+    """Each student's name (as shown) as the name of their files in out_dir: the name, or if it is longer than
+    150 bytes (a file name may have 255, and '.results.json.tmp' is added) its first 130 bytes and a digest of
+    the whole; and where another student's file has that name already, even in another case (a file system
+    that ignores case), a number: no student's files ever replace another's."""
+    import hashlib
+    taken, out = set(), []
+    for i, name in enumerate(names):
+        base = name if len(name.encode()) <= 150 else \
+            name.encode()[:130].decode('utf-8', 'ignore') + '~' + hashlib.sha256(name.encode()).hexdigest()[:16]
+        file, k = base, i + 1
+        while file.casefold() in taken:
+            file, k = f"{base} ({k})", k + len(names)
+        taken.add(file.casefold())
+        out.append(file)
+    return out
 
 
 def gradescope_json(result, n):
@@ -431,17 +452,22 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     concepts = course_grader.concepts(n)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         graded = list(pool.map(lambda sub: grade_safely(n, sub[1], sub[0], limit, sandbox, sub[2]), subs))
-    rows = []
-    for (name, path, _), r in zip(subs, graded):
+    rows, unwritten = [], []
+    for (name, path, _), r, file in zip(subs, graded, file_names([name for name, _, _ in subs])):
         print(r['feedback'], flush=True)
         rows.append((name, r))
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-            atomic_write(os.path.join(out_dir, f'{name}.txt'), r['feedback'] + '\n')
-            write_json(os.path.join(out_dir, f'{name}.results.json'), gradescope_json(r, n))
-        if gradescope:
-            write_json(gradescope if len(subs) == 1 else os.path.join(gradescope, name, 'results.json'),
-                       gradescope_json(r, n))
+        try:   # (a file that cannot be written is said, and the gradebook, which holds every row, still is)
+            if out_dir:
+                os.makedirs(out_dir, exist_ok=True)
+                atomic_write(os.path.join(out_dir, f'{file}.txt'), r['feedback'] + '\n')
+                write_json(os.path.join(out_dir, f'{file}.results.json'), gradescope_json(r, n))
+            if gradescope:
+                write_json(gradescope if len(subs) == 1 else os.path.join(gradescope, file, 'results.json'),
+                           gradescope_json(r, n))
+        except OSError as e:
+            unwritten.append(name)
+            print(f"could not write {name}'s feedback or results.json ({e.strerror}): their row is in the "
+                  "gradebook", flush=True)
     if out_dir:
         book = io.StringIO()
         w = csv.writer(book)
@@ -454,7 +480,8 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     failed = sum(r['status'] == 'not graded' for _, r in rows)
     print(f"{len(rows)} submissions: {sum(r['score'] == r['total'] for _, r in rows)} with full marks, "
           f"{failed} not graded" + (" (their rows say why)" if failed else '') +
-          (f", {len(skipped)} entries skipped" if skipped else ''), flush=True)
+          (f", {len(skipped)} entries skipped" if skipped else '') +
+          (f", {len(unwritten)} students' files not written (said above)" if unwritten else ''), flush=True)
     return rows
 
 

@@ -391,14 +391,33 @@ def end_processes_of(uid):
             '        break\n')
     subprocess.run([sys.executable, '-I', '-S', '-c', code, str(uid)], env={}, check=True)
     for top in ('/tmp', '/var/tmp', '/dev/shm'):
-        for d, dirs, files in os.walk(top, topdown=False):
-            for name in dirs + files:
-                path = os.path.join(d, name)
-                try:
-                    if os.lstat(path).st_uid == uid:
-                        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-                except OSError:
-                    pass
+        for path, is_folder in reversed(tree_of(top)):   # (what is inside a folder before the folder)
+            try:
+                if os.lstat(path).st_uid == uid:
+                    os.rmdir(path) if is_folder else os.remove(path)
+            except OSError:   # (a folder that still holds another user's files stays)
+                pass
+
+
+def tree_of(top):
+    """[(path, is a folder)] of everything under top, each folder before what it holds, links not followed.
+    A loop, not a recursion (os.walk and shutil.rmtree recurse): a tree a thousand folders deep, which code in
+    the uid sandbox can leave in /tmp, is walked like any other."""
+    found, stack = [], [top]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                is_folder = e.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            found.append((e.path, is_folder))
+            if is_folder:
+                stack.append(e.path)
+    return found
 
 
 def sandbox_command(tree, cpu_seconds=60):
@@ -527,7 +546,7 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
     while len(out) < len(concepts):
         rest = concepts[len(out):]
         output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds, sandbox)
-        answers = course_worker.read_answers(output)[1:len(rest) + 1]   # (after the ready frame)
+        answers = course_worker.read_answers(output, len(rest) + 1)[1:]   # (after the ready frame)
         share = seconds / (len(answers) + (len(answers) < len(rest)))
         firsts = [sum(len(c.probes) for c in rest[:j]) for j in range(len(rest))]   # in this request
         for c, got, first in zip(rest, answers, firsts):
@@ -567,7 +586,7 @@ def judge(concept, got, first, place=lambda where: where):
             where = result.get('where') if isinstance(result, dict) else None
             return False, [f"{description}: the code raised {student_said(error)}" +
                            (f" ({place(where[:200])})" if isinstance(where, str) and where else '')]
-        answer = ({k.split('/', 1)[1]: v for k, v in got_tensors.items() if k.split('/', 1)[0] == str(first + i)},
+        answer = ({k.partition('/')[2]: v for k, v in got_tensors.items() if k.partition('/')[0] == str(first + i)},
                 result.get('values') if isinstance(result.get('values'), dict) else {})
         ref_args, ref_inputs = reference or (args, inputs)
         with torch.random.fork_rng():   # (the instructor's code needs no environment: a process's env is shared)

@@ -150,12 +150,17 @@ def pack(tensors, meta):
     return save({k: v.detach().clone().contiguous() for k, v in tensors.items()}, metadata={'json': json.dumps(meta)})
 
 
-def unpack(data):
-    """(tensors, meta) of a safetensors blob; anything else is a ValueError."""
+MAX_ANSWER_HEADER = 2 ** 20   # bytes of an answer's JSON header: an honest one has under 10 kB
+
+
+def unpack(data, max_header=None):
+    """(tensors, meta) of a safetensors blob; anything else (a header over max_header bytes too) is a ValueError."""
     from safetensors.torch import load
     if len(data) < 8:
         raise ValueError("empty")
     (size,) = struct.unpack('<Q', data[:8])
+    if max_header is not None and size > max_header:   # (parsed, a JSON of 60 MB takes gigabytes)
+        raise ValueError(f"a header of {size} bytes")
     header = json.loads(data[8:8 + size])
     return load(data), json.loads(header.get('__metadata__', {}).get('json', 'null'))
 
@@ -166,14 +171,15 @@ def frame(tensors, meta):
     return struct.pack('<Q', len(blob)) + blob
 
 
-def read_answers(data):
+def read_answers(data, most):
     """The concepts' answers in a worker's output: a list of (tensors, meta), one per concept answered, in
-    order; whatever follows the last whole one (a cut or a bad blob) is dropped."""
+    order, at most `most` of them; whatever follows the last whole one (a cut or a bad blob, a header over
+    MAX_ANSWER_HEADER bytes) is dropped, and nothing after the first `most` is read."""
     out, at = [], 0
-    while at + 8 <= len(data):
+    while at + 8 <= len(data) and len(out) < most:
         (size,) = struct.unpack('<Q', data[at:at + 8])
         try:
-            out.append(unpack(data[at + 8:at + 8 + size]))
+            out.append(unpack(data[at + 8:at + 8 + size], MAX_ANSWER_HEADER))
         except Exception:
             break
         at += 8 + size

@@ -543,6 +543,57 @@ def project_times():
     return {f: os.path.getmtime(os.path.join(HERE, f)) for f in course.project_files() if not f.startswith('study/runs/')}
 
 
+def test_no_students_folder_name_stops_the_class_or_takes_anothers_files(handouts, tmp_path, capsys):
+    # a student names their own folder: one named like the assignment's file (once taken for "this folder is
+    # one submission": the class became one row), one too long for a file name once '.results.json.tmp' is
+    # added (once a traceback, and no gradebook), one that escapes to more bytes than it has, and two that
+    # differ only in case (one file on a file system that ignores case)
+    long_name, escaped = 'a' + '\u00e9' * 119, '\\' * 120
+    names = ['alice', 'compare.py', long_name, escaped, 'Bob', 'bob']
+    root = make_class(handouts, tmp_path, 5, {name: [] for name in names})
+    out, gradescope = tmp_path / 'grades', tmp_path / 'gradescope'
+    rows = dict(course.grade(5, str(root), out_dir=str(out), gradescope=str(gradescope), jobs=2))
+    total = sum(c.marks for c in concepts_of(5))
+    assert len(rows) == len(names) and all(r['score'] == total for r in rows.values()), \
+        {name: r['feedback'] for name, r in rows.items()}
+    assert 'traceback' not in capsys.readouterr().out.lower()
+    with open(out / 'gradebook_assignment5.csv', newline='') as f:
+        assert len(list(csv.reader(f))) == len(names) + 1
+    feedback = sorted(out.glob('*.txt'))            # one file each, none replaced by another's
+    assert len(feedback) == len(names) and len({f.name.casefold() for f in feedback}) == len(names)
+    assert all(max(len(f.name.encode()) for f in folder.iterdir()) < 200 for folder in (out, gradescope))
+    assert len(list(gradescope.glob('*/results.json'))) == len(names)
+
+
+def test_a_tree_deeper_than_pythons_recursion_in_tmp_is_cleaned_up(tmp_path):
+    # the uid sandbox shares /tmp: after each student the grader removes what their user left there. A tree
+    # deeper than Python's recursion limit (os.walk and shutil.rmtree recurse) once stopped that cleanup with
+    # a RecursionError, and every later student of the class was "not graded"
+    import tempfile
+    top = tempfile.mkdtemp(dir='/tmp', prefix='rdattnres-deep-')
+    depth = sys.getrecursionlimit() + 100
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir('d', dir_fd=fd)
+        fd, old = os.open('d', os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(os.open('f', os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    os.close(fd)
+    tree = course_grader.tree_of(top)
+    try:
+        assert len(tree) == depth + 1 and sum(is_folder for _, is_folder in tree) == depth
+        if os.geteuid() == 0:   # (only root can be another user, and only root runs the uid sandbox)
+            uid = course_grader.next_uid()
+            for path, _ in tree:
+                os.lchown(path, uid, uid)
+            course_grader.end_processes_of(uid)
+            assert os.listdir(top) == []             # all of it gone; top, root's, stays
+    finally:
+        for path, is_folder in reversed(course_grader.tree_of(top)):
+            os.rmdir(path) if is_folder else os.remove(path)
+        os.rmdir(top)
+
+
 def test_a_grader_failure_on_one_student_is_that_students_row(handouts, tmp_path, capsys, monkeypatch):
     root = make_class(handouts, tmp_path, 5, {'alice': [], 'bob': [], 'carol': []})
     real = course.grade_one
@@ -705,17 +756,25 @@ def test_a_cut_or_garbled_answer_stream_keeps_only_the_whole_answers():
     frames = [course_worker.frame({'0/h': torch.ones(3)}, {'results': [{'ok': True}]}),
               course_worker.frame({}, {'results': [{'ok': False, 'error': 'E'}]})]
     stream = b''.join(frames)
-    assert [meta for _, meta in course_worker.read_answers(stream)] == [{'results': [{'ok': True}]},
-                                                                        {'results': [{'ok': False, 'error': 'E'}]}]
-    cut = course_worker.read_answers(stream[:-5])          # the process ended while writing the second
+    assert [meta for _, meta in course_worker.read_answers(stream, 9)] == [{'results': [{'ok': True}]},
+                                                                           {'results': [{'ok': False, 'error': 'E'}]}]
+    assert len(course_worker.read_answers(stream * 1000, 3)) == 3   # no more read than the concepts asked
+    cut = course_worker.read_answers(stream[:-5], 9)       # the process ended while writing the second
     assert len(cut) == 1 and torch.equal(cut[0][0]['0/h'], torch.ones(3))
     for bad in (b'', b'\x00' * 3, (2 ** 60).to_bytes(8, 'little') + b'x', b'\xff' * 64):
-        assert course_worker.read_answers(bad) == []
+        assert course_worker.read_answers(bad, 9) == []
     garbled = frames[0] + frames[1][:8] + b'{' * (len(frames[1]) - 8)
-    assert len(course_worker.read_answers(garbled)) == 1
+    assert len(course_worker.read_answers(garbled, 9)) == 1
+    # a well-formed answer whose header is huge (parsed, gigabytes of the grader's memory) is not read
+    huge = course_worker.frame({}, {'results': [[]] * (course_worker.MAX_ANSWER_HEADER // 3)})
+    assert len(course_worker.read_answers(frames[0] + huge + frames[1], 9)) == 1
     concept = course_grader.concepts(5)[0]                 # answers that are not one result per probe
     assert course_grader.judge(concept, ({}, {'results': 'all passed'}), 0) == \
         (False, ["the code's answers could not be read"])
+    # a tensor keyed without a probe's index ('<index>/<name>') is a wrong answer, not a grader failure
+    concept = course_grader.concepts(1)[0]
+    passed, lines = course_grader.judge(concept, ({'0': torch.zeros(1)}, {'results': [{'ok': True, 'values': {}}] * len(concept.probes)}), 0)
+    assert not passed and lines
 
 
 def test_help_exits_zero():
