@@ -213,8 +213,8 @@ class NotHandedIn(Exception):
 
 
 def read_handed_in(submission, f, follow=True):
-    """The text of file f of a submission folder: a regular file of the folder itself (never a link, a device,
-    a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not UTF-8 becomes U+FFFD and
+    """The text of file f of a submission folder: a regular file of the folder itself (never a link, hard or
+    symbolic, a device, a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not UTF-8 becomes U+FFFD and
     is graded as the code it is). With follow=False the folder itself must not be a link either."""
     try:
         folder = os.open(submission, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
@@ -234,6 +234,10 @@ def read_handed_in(submission, f, follow=True):
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise NotHandedIn(f"{f} is not a regular file: hand in the file itself")
+        if st.st_nlink > 1:   # (a hard link: the same file under another name, another student's perhaps)
+            os.close(fd)
+            raise NotHandedIn(f"{f} is a hard link (a name of a file that has {st.st_nlink}): hand in a file of "
+                              "your own")
         with os.fdopen(fd, 'rb') as fin:
             if st.st_size > MAX_SOURCE:
                 raise NotHandedIn(f"{f} is {st.st_size:,} bytes, more than the {MAX_SOURCE:,} a source file of an "

@@ -884,6 +884,14 @@ def test_a_bad_submission_file_is_not_graded_or_graded_as_what_it_is(tmp_path):
             assert problem == 'model.py is missing from the submission'
         else:
             assert "regions were found: put the markers back" in problem, (name, problem)
+    # a hard link hands in another student's file as a symbolic one would: neither name of it is graded
+    (tmp_path / 'victim').mkdir()
+    (tmp_path / 'victim' / 'model.py').write_text(good)
+    (tmp_path / 'copier').mkdir()
+    os.link(tmp_path / 'victim' / 'model.py', tmp_path / 'copier' / 'model.py')
+    for who in ('copier', 'victim'):
+        problem, _ = course.grading_tree(1, str(tmp_path / who), str(tmp_path / f'tree_{who}'))
+        assert problem == 'model.py is a hard link (a name of a file that has 2): hand in a file of your own'
 
 
 INSTRUCTOR_NAMES = {os.path.basename(f.rstrip('/')) for f in course.INSTRUCTOR_ONLY} | {'grader.py', 'worker.py'}
