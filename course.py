@@ -214,8 +214,9 @@ class NotHandedIn(Exception):
 
 def read_handed_in(submission, f, follow=True):
     """The text of file f of a submission folder: a regular file of the folder itself (never a link, hard or
-    symbolic, a device, a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not UTF-8 becomes U+FFFD and
-    is graded as the code it is). With follow=False the folder itself must not be a link either."""
+    symbolic, a device, a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not
+    UTF-8 becomes U+FFFD and is graded as the code it is). With follow=False the folder itself must not be a
+    link either."""
     try:
         folder = os.open(submission, os.O_RDONLY | os.O_DIRECTORY | (0 if follow else os.O_NOFOLLOW))
     except OSError as e:
@@ -381,7 +382,7 @@ def submissions_in(n, folder):
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
         raise SystemExit(f"{folder} cannot be read as a folder of submissions ({e.strerror})")
-    signs = {f for f in files_of(n) + handout_files() if '/' not in f and f.endswith('.py')}
+    signs = {f for f in handout_files() if '/' not in f and f.endswith('.py')}   # (files_of(n) among them)
     if any(e.name in signs and e.is_file(follow_symlinks=False) for e in entries):
         return [(shown_name(os.path.basename(os.path.abspath(folder))), folder, True)], []
     subs, skipped = [], []

@@ -37,9 +37,9 @@ def default_ctrl_c():
 
 
 def run(args, data_dir, out_dir, expect_ok=True, launcher=(sys.executable,)):
-    cmd = [*launcher, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args]
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, env=env, timeout=600)
+    p = subprocess.run(command(args, data_dir, out_dir, launcher), capture_output=True, text=True, cwd=HERE, env=env,
+                       timeout=600)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     return p
@@ -81,8 +81,7 @@ def run_here(args, data_dir, out_dir, expect_ok=True):
     signalled, killed, held to a file-size limit or launched by torchrun, none whose check reads a warning
     (pytest records warnings, they never reach stderr), and none into an out_dir that a run in another
     process uses next (a process holds the out_dir it ran in for its whole life: run_files.lock_out_dir)."""
-    p = main_here(train.main, [*TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--cpu_malloc_tuning=False',
-                               *args])
+    p = main_here(lambda argv: train_here(data_dir, out_dir, *argv), args)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     return p
