@@ -602,7 +602,9 @@ def main(argv):
             rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox)
         except SystemExit as e:   # nothing graded: Gradescope's results.json still says why
             if args.gradescope and args.gradescope.endswith('.json') and isinstance(e.code, str):
-                write_json(args.gradescope, dict(score=0, output=f"not graded: {e.code}", tests=[]))
+                from course_kit import grader as course_grader
+                total = sum(c.marks for c in course_grader.concepts(args.n))
+                write_json(args.gradescope, dict(score=0, max_score=total, output=f"not graded: {e.code}", tests=[]))
             raise
         if any(r['status'] == 'not graded' for _, r in rows):
             return EXIT_NOT_GRADED

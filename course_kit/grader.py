@@ -369,7 +369,17 @@ def check_sandbox(sandbox):
     elif sandbox == 'uid' and os.geteuid() != 0:
         raise NoSandbox("--sandbox uid runs each submission as a user of its own, which only root can do: run the "
                         "grader as root, or use bubblewrap (the default)")
-    elif sandbox == 'uid':   # that user must be able to run this Python and its packages
+    elif sandbox == 'uid':   # that user must be able to run this Python and its packages, and reach the tree
+        python = (sys.executable, os.path.realpath(sys.executable), *python_paths())
+        needed = [(p, 'this Python and its packages') for p in python]
+        needed.append((os.path.join(tempfile.gettempdir(), 'x'), 'the temporary folder the grading tree is made in'))
+        for path, what in needed:
+            closed = closed_to_others(path)
+            if closed:
+                raise NoSandbox(f"--sandbox uid: a submission's user of its own cannot enter {closed}, which holds "
+                                f"{what}: open it to every user (chmod o+x {closed}, and the same for the folders "
+                                "above it), or install Python and the packages where every user can reach them "
+                                "(as Gradescope's image does: /usr, or a venv under /autograder) with TMPDIR=/tmp")
         code = ('import os, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
                 'os.execv(sys.executable, [sys.executable, "-I", "-c", "import torch, safetensors"])')
         probe = subprocess.run([sys.executable, '-I', '-S', '-c', code, str(FIRST_UID - 1)], env={}, cwd='/',
@@ -380,6 +390,23 @@ def check_sandbox(sandbox):
                             "every user can read them (as Gradescope's image does: /usr, or a venv under /autograder)")
     elif sandbox not in SANDBOXES:
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
+
+
+def closed_to_others(path):
+    """The first folder on the way to path (path itself where it is a folder) that a user who is neither its
+    owner nor in its group cannot enter (no o+x), or None: the uid sandbox's user is such a user."""
+    path = os.path.abspath(path)
+    path = path if os.path.isdir(path) else os.path.dirname(path)
+    folders = [path]
+    while folders[-1] != '/':
+        folders.append(os.path.dirname(folders[-1]))
+    for folder in reversed(folders):
+        try:
+            if not os.stat(folder).st_mode & 0o001:
+                return folder
+        except OSError:
+            return folder
+    return None
 
 
 def end_processes_of(uid):

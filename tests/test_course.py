@@ -134,7 +134,7 @@ def check(folder, n):
 def searchable_by_everyone(path, opened):
     """Every folder above path made searchable by every user (o+x: its entries can be reached by name, not
     listed), each one changed noted in `opened` as (folder, mode) to be closed again."""
-    path = os.path.realpath(path)
+    path = os.path.abspath(path)
     while path != '/':
         path = os.path.dirname(path)
         mode = os.stat(path).st_mode
@@ -145,16 +145,32 @@ def searchable_by_everyone(path, opened):
 
 @pytest.fixture
 def python_for_everyone(tmp_path):
-    """This Python and the test's folder reachable by every user for the test's duration: an instructor's laptop
-    and Gradescope's image have them so, but on a machine whose Python lives under root's home (0700), or under
-    pytest's temporary folders (0700), those folders must be opened to be searched; they are closed after."""
+    """This Python (the venv's and the interpreter behind it), its packages and the test's folder reachable by
+    every user for the test's duration: an instructor's laptop and Gradescope's image have them so, but a venv
+    in a checkout under root's home or a `mktemp -d` folder (0700), or pytest's temporary folders (0700), must
+    be opened to be searched; they are closed after, whether the test passed or not. The project's own files
+    are not opened: a test that runs them as another user runs a copy of them in tmp_path (kit_copy)."""
     opened = []
     if os.geteuid() == 0:
-        searchable_by_everyone(sys.executable, opened)
-        searchable_by_everyone(str(tmp_path / 'x'), opened)
-    yield
-    for path, mode in reversed(opened):
-        os.chmod(path, mode)
+        folders = (*course_grader.python_paths(), str(tmp_path))
+        for path in (sys.executable, os.path.realpath(sys.executable), *(os.path.join(f, 'x') for f in folders)):
+            searchable_by_everyone(path, opened)
+    try:
+        yield
+    finally:
+        for path, mode in reversed(opened):
+            os.chmod(path, mode)
+
+
+def kit_copy(folder):
+    """What grading needs (course.AUTOGRADER_FILES: course.py, the grader, its worker and the instructor's
+    reference) copied into folder, readable by every user: another account runs this copy, never the checkout,
+    which may lie in a folder only its owner can enter."""
+    import shutil
+    for f in course.AUTOGRADER_FILES:
+        os.makedirs(os.path.join(folder, os.path.dirname(f)), exist_ok=True)
+        shutil.copyfile(os.path.join(HERE, f), os.path.join(folder, f))
+    return folder
 
 
 @pytest.fixture(scope='module')
@@ -649,9 +665,10 @@ def test_grading_from_a_normal_account(handouts, tmp_path, python_for_everyone):
             if not os.path.islink(p):
                 os.chmod(p, os.stat(p).st_mode | stat.S_IROTH | stat.S_IWOTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
     os.chmod(tmp_path, 0o777)
+    kit = kit_copy(str(tmp_path / 'kit'))
     as_user = [] if os.geteuid() != 0 else [shutil.which('setpriv'), '--reuid=65534', '--regid=65534', '--clear-groups']
     env = dict(os.environ, COURSE_SECRET='hunter2', TMPDIR=str(base), HOME=str(base))
-    p = subprocess.run([*as_user, sys.executable, os.path.join(HERE, 'course.py'), 'grade', '5', str(root), '--out',
+    p = subprocess.run([*as_user, sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out',
                         str(out), '--timeout', '6', '--jobs', '2'], capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
@@ -661,6 +678,57 @@ def test_grading_from_a_normal_account(handouts, tmp_path, python_for_everyone):
     assert all(v <= course_grader.FILE_SIZE for v in filled.values()) and filled['/tmp'] > 0, filled
     assert 'found: []' in rows['reader'] and 'compare.py is a link' in rows['link_to_victim']
     assert not (out / 'pwned.txt').exists() and not (root / 'pwned.txt').exists()
+
+
+def private_folder(tmp_path):
+    """A folder only its owner can enter, as `mktemp -d` makes (or root's home)."""
+    folder = tmp_path / 'private'
+    folder.mkdir()
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def test_uid_grading_names_the_folder_its_user_cannot_enter(handouts, tmp_path, python_for_everyone):
+    # the uid sandbox's user must reach Python and the temporary folder the grading tree is made in: where it
+    # cannot, grading refuses at start, naming the folder, and Gradescope's results.json says so with its
+    # max_score; following the advice (chmod o+x) lets the same command grade
+    root = make_class(handouts, tmp_path, 5, {'good': []})
+    temp = private_folder(tmp_path)
+    results = tmp_path / 'results.json'
+    command = [sys.executable, os.path.join(HERE, 'course.py'), 'grade', '5', str(root / 'good'), '--sandbox', 'uid',
+               '--gradescope', str(results)]
+    p = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(temp)), timeout=600)
+    said = json.load(open(results))
+    assert p.returncode == 1 and said['score'] == 0 and said['max_score'] == 6 and said['tests'] == []
+    assert 'Traceback' not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    if os.geteuid() != 0:   # (the uid sandbox needs root)
+        assert 'only root can do' in p.stderr and 'only root can do' in said['output']
+        return
+    assert f"cannot enter {temp}," in p.stderr and f"chmod o+x {temp}" in said['output'], p.stderr
+    os.chmod(temp, 0o701)   # the advice
+    p = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(temp)), timeout=600)
+    said = json.load(open(results))
+    assert p.returncode == 0 and said['score'] == said['max_score'] == 6, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def test_the_tests_that_run_as_another_user_pass_from_a_private_checkout(tmp_path):
+    # a clone in a folder only its owner can enter (mktemp -d, root's home): the tests that run the project as
+    # another account (a normal account's grading, the uid sandbox's Gradescope run) pass from there, and leave
+    # every folder they opened closed again
+    import shutil
+    private = private_folder(tmp_path)
+    checkout = private / 'rd-attnres'
+    shutil.copytree(HERE, checkout, ignore=shutil.ignore_patterns(
+        '.git', '.venv', 'venv', 'data', 'out*', '__pycache__', '.pytest_cache', 'runs', 'results', 'docs'))
+    import tempfile
+    before = {p: os.stat(p).st_mode for p in (str(private), os.path.dirname(sys.executable), tempfile.gettempdir())}
+    p = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                        'tests/test_course.py', '-k', 'test_grading_from_a_normal_account or '
+                        '(test_the_gradescope_autograder_grades_one_submission_per_run and uid) or '
+                        'test_uid_grading_names_the_folder_its_user_cannot_enter'],
+                       cwd=checkout, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0 and re.search(r'^3 passed', p.stdout, re.M), p.stdout[-3000:] + p.stderr[-3000:]
+    assert {p: os.stat(p).st_mode for p in before} == before
 
 
 def test_without_a_sandbox_grading_refuses_unless_trusted(handouts, tmp_path, monkeypatch):
