@@ -39,6 +39,10 @@ DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),
     n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
     device='auto', dtype='float32', compile=False,
+    backend='inductor',           # with compile: torch.compile's backend ('eager': dynamo's graphs run as they are,
+                                  # no kernels built: the graph counts of every mode in seconds, e.g. on a CPU)
+    recompile_limit=64,           # with compile: dynamo's graphs per function; every mode compiles GPT.forward
+                                  # once more, and past the limit (torch's default: 8) a mode would run eager
     compile_regional=False,       # with compile: compile each block's attention and MLP (one graph reused by
                                   # every layer) instead of the whole model; the depth reads stay eager
     rounds=12, steps=1, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
@@ -71,12 +75,27 @@ def build(cfg, mode, device):
         n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'], block_size=cfg['block_size'],
         residual=residual, attnres_block_size=cfg['attnres_block_size'])).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
-    runner = compile_model(model) if cfg['compile'] and not cfg['compile_regional'] else model   # as train.py
+    options = dict(backend=counted(cfg['backend'], mode))
+    runner = compile_model(model, **options) if cfg['compile'] and not cfg['compile_regional'] else model   # as train.py
     if cfg['compile'] and cfg['compile_regional']:
         for block in model.transformer.h:
-            block.attn.compile()
-            block.mlp.compile()
+            block.attn.compile(**options)
+            block.mlp.compile(**options)
     return model, runner, optimizer
+
+
+GRAPHS = {}   # mode -> the graphs dynamo has handed to the backend for it so far
+
+
+def counted(backend, mode):
+    """torch.compile's backend, counting each graph it is given under the mode's name: a mode that fell back to
+    eager (no graph) or compiled again while it was timed is a failed measurement, said and not reported."""
+    from torch._dynamo import lookup_backend
+
+    def compile_graph(gm, example_inputs):
+        GRAPHS[mode] = GRAPHS.get(mode, 0) + 1
+        return lookup_backend(backend)(gm, example_inputs)
+    return compile_graph
 
 
 def make_step(runner, optimizer, x, y, device, ptdtype):
@@ -343,6 +362,10 @@ def main(argv):
     # allocator during the mode's warm-up minus what was allocated before its model was built (no
     # fresh process, so no second compilation).
     memory = {m: peak_memory_of(m, argv) for m in modes} if cfg['memory'] and not cuda else {}
+    if cfg['compile']:   # a fallback to eager is an error, not a silent slow row
+        torch._dynamo.config.recompile_limit = cfg['recompile_limit']
+        torch._dynamo.config.accumulated_recompile_limit = max(256, 8 * cfg['recompile_limit'])
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     models, steps, first_step = {}, {}, {}
     for mode in modes:
         if cuda:
@@ -353,10 +376,16 @@ def main(argv):
         steps[mode] = make_step(models[mode][1], models[mode][2], x, y, device, ptdtype)
         for _ in range(cfg['warmup']):       # the first one includes compilation under --compile
             t0 = time.perf_counter()
-            steps[mode]()
+            try:
+                steps[mode]()
+            except torch._dynamo.exc.FailOnRecompileLimitHit:
+                raise SystemExit(f"{mode}: torch.compile reached dynamo's recompile limit ({cfg['recompile_limit']} "
+                                 f"graphs per function) and would run eager: raise --recompile_limit or bench fewer "
+                                 "modes in one process") from None
             first_step.setdefault(mode, time.perf_counter() - t0)
         if cuda and cfg['memory']:
             memory[mode] = torch.cuda.max_memory_allocated(device) - before
+    compiled = dict(GRAPHS)
     times = {m: [] for m in modes}          # times[mode][round] = the timed steps of that round
     for r in range(cfg['rounds']):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -367,6 +396,13 @@ def main(argv):
                 steps[mode]()
                 times[mode][-1].append(time.perf_counter() - t0)
     peak = cfg['peak_flops'] or detect_peak_flops(device)
+    if cfg['compile']:
+        eager = [m for m in modes if not compiled.get(m)]
+        again = [f"{m} ({GRAPHS[m] - compiled.get(m, 0)} graphs)" for m in modes if GRAPHS.get(m, 0) != compiled.get(m, 0)]
+        if eager or again:
+            raise SystemExit("not a compiled measurement: " + '; '.join(
+                ([f"ran eager (no graph compiled): {', '.join(eager)}"] if eager else []) +
+                ([f"compiled again while timed: {', '.join(again)}"] if again else [])))
 
     def ratio(mode, ref):
         # the median over rounds of the per-round ratio: load that drifts between rounds cancels out
@@ -387,17 +423,18 @@ def main(argv):
                    peak_mem_mb=memory[mode] / 2 ** 20 if memory else None,
                    mem_vs_standard=memory[mode] / memory['standard'] if memory and 'standard' in memory else None,
                    spread_ms=[1000 * min(flat), 1000 * max(flat)],
-                   first_step_s=first_step.get(mode), config=cfg)
+                   first_step_s=first_step.get(mode), graphs=compiled.get(mode) if cfg['compile'] else None, config=cfg)
         rows.append(row)
     fmt = lambda v, f: '-' if v is None else format(v, f)  # noqa: E731
     print("| mode | step ms (median) | min–max ms | tok/s | × standard | × attnres | GFLOP/token | MFU | peak MB "
-          "| mem × standard | first step s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| mem × standard | first step s | graphs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mode']} | {r['step_ms']:.0f} | {r['spread_ms'][0]:.0f}–{r['spread_ms'][1]:.0f} | {r['tok_per_s']:,.0f} "
               f"| {fmt(r['time_vs_standard'], '.3f')} | {fmt(r['time_vs_attnres'], '.3f')} "
               f"| {r['flops_per_token'] / 1e9:.3f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} "
-              f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} | {fmt(r['first_step_s'], '.1f')} |")
+              f"| {fmt(r['peak_mem_mb'], ',.0f')} | {fmt(r['mem_vs_standard'], '.3f')} | {fmt(r['first_step_s'], '.1f')} "
+              f"| {fmt(r['graphs'], 'd')} |")
     if cfg['json']:
         append_jsonl(cfg['json'], rows)
 

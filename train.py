@@ -36,7 +36,7 @@ from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_
                             windows_hash)
 from run_kit.routing import routing_log
 from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
-                                 leave_process_group, should_stop, start_processes, validate, wrap_ddp)
+                                 leave_process_group, ranks_agree, should_stop, start_processes, validate, wrap_ddp)
 from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
 from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
@@ -87,6 +87,7 @@ device = 'auto'             # 'auto', 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'              # 'auto' (bf16 on capable GPUs, float32 on CPU), 'float32', 'bfloat16', 'float16'
 fp16_init_scale = 65536.0   # float16 only: the GradScaler's starting loss scale (PyTorch's default)
 compile = False
+ddp_timeout = 1800          # seconds a rank waits for the others at a collective (rank 0's checkpoint save)
 peak_flops = 0.0            # for MFU; 0 = detect from the GPU's name (none on CPU)
 cpu_malloc_tuning = True    # on CPU with glibc: keep big freed buffers in the heap (docs/performance.md)
 DEFAULTS = {k: v for k, v in dict(globals()).items()
@@ -271,6 +272,7 @@ class Run:
 
     def save(self, step, best):
         should_stop(self.first_nonfinite, False, step, self.record.ckpt_path, self.proc)
+        ranks_agree(self.raw_model, step, self.proc)   # (under DDP: every rank holds rank 0's parameters)
         self.record.save(dict(model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
                               scaler=self.scaler.state_dict(), step=step, best_val_loss=best, config=self.cfg,
                               rng=rng_states()))
@@ -289,7 +291,7 @@ def start_run(cfg, proc):
     grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # W = total_batch_size / T
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])   # verified (prepare.py)
     n_windows, n_eval = count_windows(cfg, proc, windows_per_step, train_data, val_data)
-    claim_out_dir(cfg, proc)            # init_from is now 'scratch' or 'resume'
+    every_rank_has_it = claim_out_dir(cfg, proc)   # init_from is now scratch or resume, decided by rank 0
     record = RunRecord(cfg, proc.master)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
@@ -302,7 +304,7 @@ def start_run(cfg, proc):
                                   enabled=(ptdtype == torch.float16))
     step, best_val, resumed = 0, float('inf'), {}
     if cfg['init_from'] == 'resume':
-        step, best_val, resumed = resume(cfg, model, optimizer, scaler, proc.master)
+        step, best_val, resumed = resume(cfg, model, optimizer, scaler, proc, every_rank_has_it)
     fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
     raw_model = model
     if cfg['compile']:   # two_phase: one region per AttnRes block, else the whole model (docs/performance.md)

@@ -28,7 +28,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MAX_SKIPPED_STEPS = 20
 
 # (the model's keys are checked by common.model_problems, as a saved model's are)
-POSITIVE = ('eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size')
+POSITIVE = ('ddp_timeout', 'eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size')
 NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
                 'grad_clip', 'peak_flops')
 
@@ -173,6 +173,29 @@ def should_stop(first_nonfinite, stop_requested, step, ckpt_path, proc):
     return stop > 0
 
 
+def parameter_fingerprint(model):
+    """Three float64 sums per parameter (of x, |x| and x²): equal on ranks that hold equal parameters (the same
+    reduction of the same numbers on the same kind of device), and all but surely unequal otherwise."""
+    return torch.stack([torch.stack([p.double().sum(), p.double().abs().sum(), p.double().square().sum()])
+                        for p in model.parameters()])
+
+
+def ranks_agree(model, step, proc):
+    """Under DDP, at a checkpoint: stop, saying so, unless every rank holds rank 0's parameters. DDP keeps them
+    equal by averaging gradients; a rank that started from another state, or missed a step, would train
+    another model while rank 0's checkpoints record one."""
+    if not proc.ddp:
+        return
+    mine = parameter_fingerprint(model)
+    every = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(every, mine)
+    apart = [r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])]
+    if apart:
+        fail(f"at step {step} the parameters of rank{'s' if len(apart) > 1 else ''} {', '.join(map(str, apart))} differ "
+             "from rank 0's: the ranks train different models, nothing was saved. Start the run again from its "
+             "last checkpoint (--init_from=auto): every rank then starts from rank 0's state.", proc.master)
+
+
 class SkippedSteps:
     """float16: counts the steps the GradScaler skipped (their scaled gradients overflowed, the scale went
     down) and stops the run after MAX_SKIPPED_STEPS in a row. The scaler's own check has already read the
@@ -230,7 +253,9 @@ def start_processes(cfg):
         torch.cuda.set_device(device)
     device_type = 'cuda' if device.startswith('cuda') else device
     if ddp:
-        torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+        import datetime   # (a rank that waits longer than ddp_timeout for the others ends the run with an error)
+        torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
+                                             timeout=datetime.timedelta(seconds=cfg['ddp_timeout']))
     return ThisProcess(ddp, rank, world, device, device_type)
 
 

@@ -16,7 +16,8 @@ import sys
 from run_kit.common import FROZEN_ON_RESUME, schedule_length
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                                killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
-                               rewind_log, save_checkpoint, set_rng_states, write_config, write_failed, is_finished)
+                               rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
+                               is_finished)
 
 
 def fail(message, master=True):
@@ -85,27 +86,54 @@ def hold_out_dir(out_dir, proc):
         remove_run_files(out_dir, '.tmp')
 
 
+def rank0_decides(decide, proc):
+    """decide() on rank 0 alone, its answer (or its refusal) on every rank. Under torchrun each node may keep
+    an out_dir of its own on a disk of its own: ranks that each looked at their own would start from different
+    states (one resumes at step 800, another from scratch) and then diverge, or hang where their loops differ."""
+    if not proc.ddp:
+        return decide()
+    import torch
+    box = [None]
+    if proc.master:
+        try:
+            box[0] = ('ok', decide())
+        except SystemExit as e:
+            box[0] = ('fail', e.code)
+    torch.distributed.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == 'fail':
+        raise SystemExit(value if proc.master else 1)
+    return value
+
+
 def claim_out_dir(cfg, proc):
     """Hold out_dir (a run that writes), then decide how this run starts in it; init_from is resolved to
-    'scratch' or 'resume'.
+    'scratch' or 'resume'. Rank 0 decides from its out_dir, for every rank (rank0_decides).
     scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
     resume:  needs out_dir/ckpt.pt (checked in resume()).
     auto:    resume when there is a checkpoint (a different run is refused there), start from scratch when
              out_dir holds no run, and start again from scratch when it holds only the beginning of this
              same run, killed before its first checkpoint (nothing trained is lost). Anything else (a
-             finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files."""
+             finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files.
+    Returns whether every rank holds rank 0's checkpoint itself (checkpoint_copies; True from scratch)."""
     master, out_dir = proc.master, cfg['out_dir']
-    has_ckpt = os.path.exists(os.path.join(out_dir, CHECKPOINT))
+    has_ckpt = rank0_decides(lambda: os.path.exists(os.path.join(out_dir, CHECKPOINT)), proc)
     if cfg['init_from'] == 'resume' and not has_ckpt:
         fail(no_checkpoint(out_dir), master)   # (said before out_dir is made)
     # what writes holds out_dir: training, and eval_only from a checkpoint (it appends a row to the log)
     if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):
         hold_out_dir(out_dir, proc)
+    cfg['init_from'] = rank0_decides(lambda: how_to_start(cfg, has_ckpt, master), proc)
+    return checkpoint_copies(out_dir, proc) if cfg['init_from'] == 'resume' else True
+
+
+def how_to_start(cfg, has_ckpt, master):
+    """'scratch' or 'resume' for claim_out_dir (rank 0), or a refusal; a scratch run's old files are removed."""
+    out_dir = cfg['out_dir']
     found = existing_run(out_dir)
     if cfg['init_from'] == 'auto':
-        cfg['init_from'] = 'resume' if has_ckpt else 'scratch'
         if has_ckpt or not found or cfg['eval_only']:
-            return
+            return 'resume' if has_ckpt else 'scratch'
         started = saved_config(out_dir)
         diff = frozen_diff(started or {}, dict(cfg, lr_decay_iters=schedule_length(cfg)))
         if diff:
@@ -114,7 +142,7 @@ def claim_out_dir(cfg, proc):
         if started is None or not killed_before_first_checkpoint(out_dir, started):
             fail(without_checkpoint(out_dir, found), master)
     elif cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
-        return
+        return cfg['init_from']
     elif not cfg['overwrite']:
         how = ("--init_from=resume (or auto)" if has_ckpt else
                "it has no checkpoint yet (killed before its first one): --init_from=auto starts it again"
@@ -122,17 +150,40 @@ def claim_out_dir(cfg, proc):
                "its ckpt.pt is gone, so it cannot be continued")
         fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: {how}. To start a new run: "
              "another --out_dir. To replace it: --overwrite=True.", master)
-    if master:
-        remove_run_files(out_dir)
+    remove_run_files(out_dir)
+    return 'scratch'
 
 
-def resume(cfg, model, optimizer, scaler, master):
-    """Restore model, optimizer, scaler and RNG states from out_dir/ckpt.pt (checksum and keys verified).
-    Returns (step, best validation loss, the checkpoint's configuration)."""
-    ckpt_path = os.path.join(cfg['out_dir'], CHECKPOINT)
-    if not os.path.exists(ckpt_path):
-        fail(no_checkpoint(cfg['out_dir']), master)
-    ckpt = load_checkpoint(ckpt_path)
+def checkpoint_copies(out_dir, proc):
+    """Whether every rank's out_dir/ckpt.pt is rank 0's (the checksum stored in it; shared storage, or a copy
+    on each node): then each rank reads its own, memory-mapped, so that the ranks of a node share one read of
+    the file. Otherwise the ranks that hold no copy or another one get rank 0's checkpoint from it (resume)."""
+    if not proc.ddp:
+        return True
+    import socket
+    import torch
+    mine = (socket.gethostname(), stored_digest(os.path.join(out_dir, CHECKPOINT)))
+    every = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, mine)
+    others = [f"rank {r} on {host} ({'another checkpoint' if digest else 'none'})"
+              for r, (host, digest) in enumerate(every) if digest != every[0][1]]
+    if others and proc.master:
+        print(f"resuming from rank 0's {os.path.join(out_dir, CHECKPOINT)}; these ranks' out_dir holds another or no "
+              f"ckpt.pt, so rank 0 sends them its checkpoint: {', '.join(others)}", flush=True)
+    return not others
+
+
+def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it=True):
+    """Restore model, optimizer, scaler and RNG states from rank 0's out_dir/ckpt.pt (checksum and keys
+    verified): read by every rank from its own copy, or sent by rank 0 where a rank's copy is missing or
+    another (checkpoint_copies). Returns (step, best validation loss, the checkpoint's configuration)."""
+    master, ckpt_path = proc.master, os.path.join(cfg['out_dir'], CHECKPOINT)
+
+    def load():
+        if not os.path.exists(ckpt_path):
+            fail(no_checkpoint(cfg['out_dir']), master)
+        return load_checkpoint(ckpt_path)
+    ckpt = load() if every_rank_has_it else rank0_decides(load, proc)
     resumed = dict(ckpt['config'])          # the configuration the checkpoint was written with
     resumed['lr_decay_iters'] = schedule_length(resumed)
     if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with

@@ -423,6 +423,7 @@ def save_checkpoint(obj, path):
     leaves the previous checkpoint as it was and says how much space a checkpoint needs."""
     import gc
     import torch
+    obj = on_host(obj)   # the one device-to-host copy: hashed, then written as it is
     try:
         atomic_write(path, lambda tmp: torch.save(dict(obj, sha256=content_digest(obj)), tmp))
         return
@@ -434,6 +435,18 @@ def save_checkpoint(obj, path):
     raise write_failed(path, error, "the partial file was removed and the previous checkpoint, if any, is kept",
                        what=f"the checkpoint {path}",
                        need=f"A checkpoint of this run needs about {tensor_bytes(obj) / 1e6:,.0f} MB") from None
+
+
+def on_host(obj):
+    """obj with every tensor copied to the CPU (tensors already there kept as they are)."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: on_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_host(v) for v in obj)
+    return obj
 
 
 def load_tensors_only(path, mmap=False):
@@ -453,8 +466,8 @@ def load_checkpoint(path):
     import pickle
     import torch
     left = "It was left as it is; resume from a copy, or start the run again in another out_dir."
-    try:
-        ckpt = load_tensors_only(path)
+    try:   # memory-mapped: the ranks of a node that resume from one file share its pages, not a copy each
+        ckpt = load_tensors_only(path, mmap=True)
     except pickle.UnpicklingError as e:
         what = next((line.strip() for line in str(e).splitlines() if 'global' in line.lower()), None)
         if what is None:   # not a pickle at all (text, random bytes): damaged, not dangerous
@@ -481,6 +494,15 @@ def load_checkpoint(path):
     if missing:
         raise SystemExit(f"{path} is not a checkpoint of train.py: it lacks {', '.join(dict.fromkeys(missing))}. {left}")
     return ckpt
+
+
+def stored_digest(path):
+    """The checksum a checkpoint was written with, or None (no file, an unreadable one): which checkpoint it is,
+    read without loading its tensors (memory-mapped)."""
+    try:
+        return str(load_tensors_only(path, mmap=True)['sha256'])
+    except Exception:
+        return None
 
 
 def checkpoint_progress(path):
