@@ -128,7 +128,8 @@ def export(model, saved, path):
     """The weights (the tied embedding / LM head once) and, in the header, the model configuration and
     their digest, written through run_files.atomic_write."""
     from safetensors.torch import save
-    config = json.dumps({k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'data_id') if k in saved})
+    config = json.dumps({k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'dataset', 'data_id')
+                         if k in saved})
     names = {}   # a tied weight (one tensor, two names) is stored once, under the name first in order, as save_model does
     for name, t in model.state_dict(keep_vars=True).items():
         names.setdefault(id(t), (t, []))[1].append(name)

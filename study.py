@@ -301,6 +301,17 @@ def launch(run, root, launcher, extra, index, stop):
     return code
 
 
+FINAL = 'final.safetensors'   # a finished run's weights beside it (not committed): intervene.py reads them
+
+
+def export_final(path):
+    """A finished run's weights as path/FINAL (sample.py's export: its configuration and a digest in the header),
+    once, from its ckpt.pt: what evaluations after the study (intervene.py) need when checkpoints are gone."""
+    import sample
+    if not os.path.exists(os.path.join(path, FINAL)) and os.path.exists(os.path.join(path, CHECKPOINT)):
+        sample.export(*sample.load_model(dict(out_dir=path, weights=''))[:2], os.path.join(path, FINAL))
+
+
 def tail(path, n=15):
     try:
         with open(path, errors='replace') as f:
@@ -318,6 +329,7 @@ def run_plan(name, root, launcher, extra, report_after=True):
         where = f"[{i}/{len(runs)}] {run.config} seed {run.seed} {' '.join(run.overrides)} -> {path}"
         if is_finished(path):
             print(f"{where}: done already", flush=True)
+            export_final(path)
             continue
         if stop.signal:
             break
@@ -330,6 +342,7 @@ def run_plan(name, root, launcher, extra, report_after=True):
             print(tail(log), file=sys.stderr)
             raise SystemExit(f"study stopped: run {where} failed (exit code {code}); its log: {log}. Fix the cause and "
                              "run the same command again: finished runs are skipped, this one continues.")
+        export_final(path)
     if stop.signal:
         stopped('between two runs', stop.signal, root)
     print(f"study {name}: all {len(runs)} runs finished", flush=True)
@@ -349,6 +362,7 @@ def stopped(where, signal_name, path):
 
 def report(name, root='.', plots=True):
     import compare
+    import intervene
     runs, report_file, outputs = load_plan(name)
     folders = list(dict.fromkeys(os.path.dirname(r.out_dir) for r in runs))
     sections = [f"# Study `{name}`: paired results\n\n(python study.py report {name}; tables by compare.py, "
@@ -370,6 +384,7 @@ def report(name, root='.', plots=True):
         routing = compare.routing_table(loaded)
         if routing:
             sections.append(routing)
+        sections.append(intervene.report_section(root, folder, paths))   # ('' where no run has two routes)
         if refused:
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
         if skipped:
