@@ -10,6 +10,9 @@
 # every rank stops at its next log step and rank 0 writes a checkpoint; study.py on each node then exits
 # with 75, and this script requeues the job (--requeue). The requeued job runs this script from the
 # top: study.py skips the finished runs and continues the interrupted one from its checkpoint.
+# The lead time a stop needs: up to one log_interval of steps, then the checkpoint's save (predicted under 30 s
+# at 343m; scripts/gpu_check.py measures it as preemption_lead_s, docs/gpus.md): USR1@600 and torchrun's
+# --shutdown_timeout=300 below leave room for it many times over.
 #
 #SBATCH --job-name=rd-attnres-study
 #SBATCH --nodes=1
