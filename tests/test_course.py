@@ -22,19 +22,10 @@ from course_kit import worker as course_worker
 
 HERE = course.HERE
 
-# Planted mistakes, each a case a student would make: (assignment, name, [(file, right text, wrong text)]).
-# Each loses marks; those named MOST (conceptually wrong models that a grader by test count once scored
-# high) lose most of their assignment's marks.
-MOST = {'logits by matmul', 'V read from the QK route', 'V through norm_mlp', 'routes de-duplicated by query name',
-        'running sums instead of increments', "one rank's share"}
-# The wrong formulas among them keep at most a third of their assignment's marks. (The others compute the
-# right function in a way the assignment rules out (a matmul), or fail only the case their concept is
-# about (one pair).)
-WRONG_FORMULA = {'scaled by 1/sqrt(d)', 'V read from the QK route', 'V through norm_mlp', 'routes de-duplicated by query name',
-                 'running sums instead of increments', 'the embedding folded into the first block',
-                 'the same permutation every epoch', "one rank's share", 'sd over n', 'keys not normalised',
-                 'key gain left out', 'the last, shorter block left out of the final read',
-                 'steps wrap within their epoch', 'one-sided sign test'}
+# Planted mistakes, each a case a student would make: (assignment, name, [(file, right text, wrong text)], the
+# concepts it loses). The concepts are named by their names' first part (short()): a mistake loses exactly
+# the marks of the concepts it breaks, the ones the student's own check reports failed
+# (test_course_check.py), and keeps the others, since each concept's probe isolates what it names.
 # Trivial non-solutions, each the whole body of every region of the assignment (in file order): they must
 # score 0 in every concept.
 TRIVIAL = {
@@ -58,39 +49,55 @@ TRIVIAL = {
         'constant': [['    p = 1.0'], ['    mean, sd, half, wins = 1.0, 1.0, 1.0, 1']],
         'first value': [['    p = 0.5'], ["    mean, sd, half, wins = deltas[0], float('nan'), float('nan'), 0"]]},
 }
-# The last column: the student's own check (course.py check N) fails for the mistake, so that "when they all
-# pass, hand the folder back" is true of every mistake the kit knows (test_course_check.py runs it).
+EQUATIONS, SPECIFIED = "the read's equations", "the read as specified"
+QUERIES, INPUTS = "one query per route", "the attention inputs"
+INCREMENTS, READS, LEARNS = ("sources are increments", "every read point reads its sources and is recorded",
+                             "every pseudo-query learns")
+ORDER, ANYWHERE = "the exact order", "the same order on any number of processes"
+TABLE, OTHER, ONE_PAIR = "the paired table", "the statistics on other values", "one pair (n = 1)"
 PLANTED = [
     (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * query).sum(-1) for query in queries',
-                                  '(x * query).sum(-1) / math.sqrt(x.size(-1)) for query in queries')], True),
+                                  '(x * query).sum(-1) / math.sqrt(x.size(-1)) for query in queries')], {EQUATIONS}),
     (1, 'logits by matmul', [('model.py', 'torch.stack([(x * query).sum(-1) for query in queries])',
-                               '(x @ queries.T).permute(2, 0, 1)')], True),
-    (1, 'keys not normalised', [('model.py', 'for query in queries]) * inv_rms[..., 0]', 'for query in queries])')], True),
-    (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], True),
-    (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], True),
+                               '(x @ queries.T).permute(2, 0, 1)')], {SPECIFIED}),
+    (1, 'keys not normalised', [('model.py', 'for query in queries]) * inv_rms[..., 0]', 'for query in queries])')],
+     {EQUATIONS}),
+    (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], {INPUTS}),
+    (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], {INPUTS}),
     (2, 'routes de-duplicated by query name',
-     [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')], True),
+     [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')], {QUERIES}),
     (2, 'key gain left out', [('model.py', 'for name in self.routes.values()]) * self.key_gain',
-                               'for name in self.routes.values()])')], True),
+                               'for name in self.routes.values()])')], {QUERIES}),
     (3, 'running sums instead of increments', [('model.py', '                finished.append(partial)\n',
-                                                '                finished.append(source(finished[-1][0] + partial[0]))\n')], True),
+                                                '                finished.append(source(finished[-1][0] + partial[0]))\n')],
+     {INCREMENTS}),
     (3, 'the embedding folded into the first block', [('model.py', 'finished = [source(embedding)]', 'finished = []'),
                                                       ('model.py', 'partial = None                  #',
-                                                       'partial = source(embedding)     #')], True),
+                                                       'partial = source(embedding)     #')], {INCREMENTS, READS}),
     (3, 'the last, shorter block left out of the final read',
      [('model.py', '        if partial is not None:         # the last AttnRes block may be shorter than S\n'
-                   '            finished.append(partial)\n', '')], True),
+                   '            finished.append(partial)\n', '')], {INCREMENTS, READS, LEARNS}),
+    (3, 'sources cut from the graph', [('model.py', '                finished.append(partial)\n',
+                                        '                finished.append(source(partial[0].detach()))\n')], {LEARNS}),
+    (3, 'the log not passed to the reads', [('model.py', 'self.read_point(l)(sources, log)', 'self.read_point(l)(sources)')],
+     {READS}),
     (4, 'the same permutation every epoch', [('train.py', 'window_order(n_windows, seed, epoch)[offset',
-                                              'window_order(n_windows, seed, 0)[offset')], True),
+                                              'window_order(n_windows, seed, 0)[offset')], {ORDER}),
     (4, "one rank's share", [('train.py', '.tolist())\n', ".tolist())\n    env = __import__('os').environ\n"
-                                                          "    out = out[int(env.get('RANK', 0))::int(env.get('WORLD_SIZE', 1))]\n")], True),
+                                                          "    out = out[int(env.get('RANK', 0))::int(env.get('WORLD_SIZE', 1))]\n")],
+     {ANYWHERE}),
     (4, 'steps wrap within their epoch', [('train.py', 'epoch, offset = divmod(first + len(out), n_windows)',
-                                           'epoch, offset = first // n_windows, (first + len(out)) % n_windows')], True),
-    (5, 'sd over n', [('compare.py', '/ (n - 1)) if n > 1', '/ n) if n > 1')], True),
+                                           'epoch, offset = first // n_windows, (first + len(out)) % n_windows')], {ORDER}),
+    (5, 'sd over n', [('compare.py', '/ (n - 1)) if n > 1', '/ n) if n > 1')], {TABLE, OTHER}),
     (5, 'crashes with one pair', [('compare.py', "/ (n - 1)) if n > 1 else float('nan')", '/ (n - 1))'),
-                                  ('compare.py', "math.sqrt(n) if n > 1 else float('nan')", 'math.sqrt(n)')], True),
-    (5, 'one-sided sign test', [('compare.py', 'p = min(1.0, 2 * sum(', 'p = min(1.0, sum(')], True),
+                                  ('compare.py', "math.sqrt(n) if n > 1 else float('nan')", 'math.sqrt(n)')], {ONE_PAIR}),
+    (5, 'one-sided sign test', [('compare.py', 'p = min(1.0, 2 * sum(', 'p = min(1.0, sum(')], {TABLE, OTHER, ONE_PAIR}),
 ]
+
+
+def short(concept_name):
+    """A concept's name as the planted-mistake table names it: its first part."""
+    return concept_name.split(':')[0].split(',')[0]
 
 
 def put_back(folder, n, mistakes=(), bodies_of=None):
@@ -242,10 +249,9 @@ def concepts_of(n):
 def test_a_class_is_graded_by_concepts(handouts, tmp_path, n):
     students = {'solution': [], 'unsolved': None}
     students.update({re.sub(r'\W+', '_', name): mistakes for a, name, mistakes, _ in PLANTED if a == n})
+    loses = {re.sub(r'\W+', '_', name): lost for a, name, _, lost in PLANTED if a == n}
     files = course.files_of(n)
     students.update({'trivial_' + name.replace(' ', '_'): {files[0]: bodies} for name, bodies in TRIVIAL[n].items()})
-    most = {re.sub(r'\W+', '_', name) for name in MOST}
-    wrong = {re.sub(r'\W+', '_', name) for name in WRONG_FORMULA}
     root = make_class(handouts, tmp_path, n, students)
     grades, gradescope = tmp_path / 'grades', tmp_path / 'gradescope'
     rows = dict(course.grade(n, str(root), out_dir=str(grades), gradescope=str(gradescope), jobs=2))
@@ -253,11 +259,13 @@ def test_a_class_is_graded_by_concepts(handouts, tmp_path, n):
     assert rows['solution']['score'] == rows['solution']['total'] == total, rows['solution']['feedback']
     for name, r in rows.items():
         assert r['total'] == total and r['status'] == 'graded', (name, r['feedback'])
+        lost = {short(c.name) for c in concepts_of(n) if r['marks'][c.name] == 0}
+        assert all(r['marks'][c.name] in (0, c.marks) for c in concepts_of(n))
         if name.startswith('trivial_') or name == 'unsolved':      # nothing for a non-solution, in any concept
             assert r['score'] == 0 and not any(r['marks'].values()), (name, r['feedback'])
-        elif name != 'solution':   # each planted mistake loses marks; the MOST ones more than half
-            assert r['score'] < (total / 2 if name in most else total), (name, r['feedback'])
-            assert r['score'] <= (total / 3 if name in wrong else total), (name, r['feedback'])
+        elif name != 'solution':   # each planted mistake loses exactly the concepts the table names
+            assert lost == loses[name], (name, r['feedback'])
+            assert all(short(c) in {short(x.name) for x in concepts_of(n)} for c in loses[name])
             assert 'hint:' in r['feedback']
     with open(grades / f'gradebook_assignment{n}.csv') as f:
         book = list(csv.DictReader(f))
