@@ -392,7 +392,8 @@ def test_routing_records_every_read_point(mode, S):
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
         assert alpha.shape == (n,), (f"concept 'every read point reads its sources and is recorded': with S = {S}, "
-                                     f"{'the final read' if l == L else f'sublayer {l} ({route})'} read {alpha.shape[0]} sources, not {n} "
+                                     f"{'the final read' if l == L else f'sublayer {l} ({route})'} read {alpha.shape[0]} "
+                                     f"source{'s' if alpha.shape[0] != 1 else ''}, not {n} "
                                      f"({', '.join(source_labels(l, S, L))}): {abs(alpha.shape[0] - n)} "
                                      f"{'missing' if alpha.shape[0] < n else 'extra'}")
         torch.testing.assert_close(alpha.sum(), torch.tensor(1.0, dtype=alpha.dtype))
