@@ -102,16 +102,6 @@ def probe_attn_inputs_of(args, t):
     return {'x_qk': x_qk, 'x_v': x_v}, {}
 
 
-def probe_attn_inputs(args, t):
-    """Assignment 2: the attention sublayer's two inputs (x_qk, x_v) of block `layer`, with its routing log."""
-    gpt = small_model(args, t)
-    log = []
-    block = gpt.transformer.h[args['layer']]
-    x_qk, x_v = block.attn_inputs(block.attn_read(read_sources(t, args['n_sources']), log))
-    return {'x_qk': x_qk, 'x_v': x_v, **{f'alpha{i}': r['alpha'] for i, r in enumerate(log)}}, \
-        {'routes': [r['route'] for r in log]}
-
-
 def probe_forward(args, t):
     """Assignment 3: a whole forward pass with the routing recorded, and the gradient of every pseudo-query;
     and what every read point was given, seen from outside the code (a hook on each read point): the sources
