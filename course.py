@@ -40,7 +40,8 @@ import tempfile
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXIT_NOT_GRADED = 3   # grade's exit status when a submission could not be graded (0: all full marks, 1: some not)
+EXIT_NOT_GRADED = 3   # grade's exit status when a submission could not be graded (0: all full marks, 1: some not;
+                      # 4, EXIT_NOT_WRITTEN: what it had to write could not all be written)
 
 
 ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the grader: course_kit/grader.py
@@ -82,6 +83,9 @@ END = re.compile(r'^\s*### END SOLUTION\s*$')
 # code that computes what assignment n asks a second way (fast_read/two_phase_read.py): given with n's solution
 WITH_BEGIN = re.compile(r'^(\s*)### BEGIN WITH SOLUTION (\d+)\s*$')
 WITH_END = re.compile(r'^\s*### END WITH SOLUTION\s*$')
+# inside such a region, the lines a handout that lacks the solution holds instead, commented out here: a whole
+# file that computes nothing a student writes (it calls the student's functions), never a stub
+HANDOUT_LINE = re.compile(r'^(\s*)### HANDOUT: ?(.*)$')
 ANSWER_BEGIN = re.compile(r'^(\s*)### BEGIN YOUR CODE \(assignment (\d+)\)\s*$')
 ANSWER_END = re.compile(r'^\s*### END YOUR CODE \(assignment (\d+)\)\s*$')
 
@@ -124,11 +128,12 @@ def not_written(n):
 
 def stub(text, first):
     """The file's text with the regions of assignments >= first replaced by a stub between YOUR CODE
-    markers (and their WITH SOLUTION regions by a plain stub); the solutions of the earlier ones stay,
-    without their markers."""
-    lines, out, skipping = text.split('\n'), [], False
+    markers, and their WITH SOLUTION regions by the region's HANDOUT lines (uncommented); the solutions of the
+    earlier ones stay, without their markers, and so do the earlier WITH SOLUTION regions, without their
+    HANDOUT lines."""
+    lines, out, skipping, handout_lines = text.split('\n'), [], False, False
     for line in lines:
-        m, w = BEGIN.match(line), WITH_BEGIN.match(line)
+        m, w, h = BEGIN.match(line), WITH_BEGIN.match(line), HANDOUT_LINE.match(line)
         if m and int(m.group(2)) >= first:
             indent, n = m.group(1), int(m.group(2))
             out += [f"{indent}### BEGIN YOUR CODE (assignment {n})",
@@ -136,12 +141,14 @@ def stub(text, first):
                     f'{indent}raise NotImplementedError({not_written(n)!r})',
                     f"{indent}### END YOUR CODE (assignment {n})"]
             skipping = True
-        elif w and int(w.group(2)) >= first:
-            out.append(f'{w.group(1)}raise NotImplementedError({not_written(int(w.group(2)))!r})')
-            skipping = True
+        elif w:
+            skipping = handout_lines = int(w.group(2)) >= first
         elif END.match(line) or WITH_END.match(line):
-            skipping = False
-        elif not (m or w) and not skipping:
+            skipping = handout_lines = False
+        elif h:
+            if handout_lines:
+                out.append(h.group(1) + h.group(2))
+        elif not m and not skipping:
             out.append(line)
     return '\n'.join(out)
 
@@ -371,46 +378,70 @@ def grade_safely(n, submission, name, limit, sandbox, follow):
 
 
 def submissions_in(n, folder):
-    """([(name as shown, path, follow links)], [what was skipped, in words]): the folder itself if it is one
-    submission (it holds one of the assignment's files or of the project's top-level .py files as a regular
+    """([(name as shown, path, follow links, note, skeleton)], [what was skipped, in words]): the folder itself if it is
+    one submission (it holds one of the assignment's files or of the project's top-level .py files as a regular
     file), else each of its subfolders (a class: one folder per student). A student names their own folder,
     so a folder or a link named compare.py in a class is a student's, never the sign of a submission. In a
     class a student's entry that is a link is graded as not handed in (a link hands in someone else's
-    folder), and a plain file is skipped and said."""
-    from course_kit.grader import shown_name
+    folder), and a plain file is skipped and said. Rows are told apart by what a person sees: a name that
+    could print like another (course_grader.shown_name, skeleton) is shown with escapes and its note says why;
+    two rows never print the same."""
+    from course_kit.grader import name_note, shown_name, skeleton
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
         raise SystemExit(f"{folder} cannot be read as a folder of submissions ({e.strerror})")
-    signs = {f for f in handout_files() if '/' not in f and f.endswith('.py')}   # (files_of(n) among them)
-    if any(e.name in signs and e.is_file(follow_symlinks=False) for e in entries):
-        return [(shown_name(os.path.basename(os.path.abspath(folder))), folder, True)], []
+    if is_submission(n, entries):
+        name = os.path.basename(os.path.abspath(folder))
+        return [(shown_name(name), folder, True, name_note(name), skeleton(name))], []
     subs, skipped = [], []
     for e in entries:
         if e.is_dir(follow_symlinks=True):
-            subs.append((shown_name(e.name), e.path, False))
+            subs.append((e.name, e.path, False))
         else:
             skipped.append(f"{shown_name(e.name)}: {'a link to no folder' if e.is_symlink() else 'a file'}, not a "
                            "student's folder")
     if not subs:
         raise SystemExit(f"{folder} holds neither a submission ({', '.join(files_of(n))}) nor a folder per student")
-    names = [name for name, _, _ in subs]
+    looks = [skeleton(raw) for raw, _, _ in subs]
+    out = []
+    for (raw, path, follow), look in zip(subs, looks):
+        alike = [other for (other, _, _), o in zip(subs, looks) if o == look and other != raw]
+        note = [name_note(raw)] if name_note(raw) else []
+        if alike:
+            note.append("prints like another student's name: "
+                        + ', '.join(shown_name(other, lookalikes=True) for other in alike[:3]))
+        out.append((shown_name(raw, lookalikes=bool(alike)), path, follow, '; '.join(note), look))
+    names = [sub[0] for sub in out]
     if len(set(names)) != len(names):   # (two folders that show the same: each row made unique by its number)
-        subs = [(f"{name} (folder {i + 1})" if names.count(name) > 1 else name, path, follow)
-                for i, (name, path, follow) in enumerate(subs)]
-    return subs, skipped
+        out = [(f"{sub[0]} (folder {i + 1})" if names.count(sub[0]) > 1 else sub[0], *sub[1:]) for i, sub in enumerate(out)]
+    return out, skipped
 
 
-def file_names(names):
+def is_submission(n, entries):
+    """Whether a folder's entries are one submission's: it holds one of the project's top-level .py files (the
+    assignment's among them) as a regular file."""
+    signs = {f for f in handout_files() if '/' not in f and f.endswith('.py')} | set(files_of(n))
+    return any(e.name in signs and e.is_file(follow_symlinks=False) for e in entries)
+
+
+def file_names(names, looks=None):
     """Each student's name (as shown) as the name of their files in out_dir: the name, or if it is longer than
-    150 bytes (a file name may have 255, and '.results.json.tmp' is added) its first 130 bytes and a digest of
-    the whole; and where another student's file has that name already, even in another case (a file system
-    that ignores case), a number: no student's files ever replace another's."""
+    150 bytes (a file name may have 255, and '.results.json' and a temporary suffix are added) its first 130
+    bytes and a digest of the whole. Names that look alike (one skeleton: the same but for case, compatibility
+    characters or look-alike letters, which a file system or a person may not tell apart) each get a digest of
+    their own name, so no student takes another's plain name whatever the order (looks: the skeletons of the
+    names as the students wrote them; by default of the names as given); and where two files still
+    have one name, even in another case, a number: no student's files ever replace another's."""
     import hashlib
+    from course_kit.grader import skeleton
+    looks = looks or [skeleton(name) for name in names]
     taken, out = set(), []
     for i, name in enumerate(names):
-        base = name if len(name.encode()) <= 150 else \
-            name.encode()[:130].decode('utf-8', 'ignore') + '~' + hashlib.sha256(name.encode()).hexdigest()[:16]
+        digest = hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()
+        base = name if len(name.encode()) <= 150 else name.encode()[:130].decode('utf-8', 'ignore') + '~' + digest[:16]
+        if looks.count(looks[i]) > 1:
+            base += '~' + digest[:8]
         file, k = base, i + 1
         while file.casefold() in taken:
             file, k = f"{base} ({k})", k + len(names)
@@ -436,12 +467,54 @@ def write_json(path, obj):
     atomic_write(path, json.dumps(obj, indent=2))
 
 
+EXIT_NOT_WRITTEN = 4   # grade's exit status when what it had to write (--out, --gradescope) could not all be written
+
+
+class NotWritten(Exception):
+    """What grade could not write (a full disk, a folder it may not write to), in one line; .rows: the rows."""
+
+    def __init__(self, message, rows):
+        super().__init__(message)
+        self.rows = rows
+
+
+def writable_folder(folder, what):
+    """None if `folder` can be made and written to, else why, in one line with what to do."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix='.course-write-test-', suffix='.tmp'):
+            pass
+        return None
+    except OSError as e:
+        return (f"{what} {folder} cannot be written to ({e.strerror or e}): give a folder you may write to, with "
+                "free space, and grade again")
+
+
+def one_upload(n, subs):
+    """Gradescope grades one submission per upload: of a class-like upload (several folders), the one folder
+    that holds a file of assignment n, or SystemExit saying what to upload (results.json then says it)."""
+    files = files_of(n)
+    holding = [sub for sub in subs if any(os.path.isfile(os.path.join(sub[1], f)) for f in files)]
+    if len(holding) == 1:
+        others = [sub[0] for sub in subs if sub is not holding[0]]
+        return [holding[0]], (f"graded the folder {holding[0][0]} of your upload"
+                              + (f" (not {', '.join(others)}: no file of assignment {n} in "
+                                 f"{'them' if len(others) > 1 else 'it'})" if others else ''))
+    raise SystemExit(f"the upload holds {len(holding) or 'no'} project folder{'s' if len(holding) != 1 else ''}"
+                     + (f" ({', '.join(sub[0] for sub in holding)})" if holding else '') +
+                     f": upload one copy of the project, or only its file{'s' if len(files) > 1 else ''} "
+                     f"{', '.join(files)}, and submit again")
+
+
 def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False, sandbox='bubblewrap'):
     """Grade a submission or a class (jobs submissions at a time, each in sandboxes of its own); print each
     student's feedback, and with out_dir write it, their results.json and the gradebook. With gradescope,
-    Gradescope's results.json: at that path for one submission, or <gradescope>/<student>/results.json.
-    sandbox: 'bubblewrap', 'uid' (course_grader.SANDBOXES) or 'none' (trusted=True: trusted submissions).
-    Returns [(name as shown, row)]; a row's status is graded, timed out, no answer or not graded."""
+    Gradescope's results.json: a path that ends in .json is one file, for one submission (an upload that holds
+    several folders is graded as its one project folder, said, or not at all: SystemExit says what to upload);
+    any other path a folder, <gradescope>/<student>/results.json. sandbox: 'bubblewrap', 'uid'
+    (course_grader.SANDBOXES) or 'none' (trusted=True: trusted submissions). Returns [(name as shown, row)]; a
+    row's status is graded, timed out, no answer or not graded. What cannot be written (a full disk) is said in
+    one line, NotWritten, after everything that could be written is: the gradebook first."""
     from concurrent.futures import ThreadPoolExecutor
     import io
     from course_kit import grader as course_grader
@@ -451,42 +524,71 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
         course_grader.check_sandbox(sandbox)
     except course_grader.NoSandbox as e:
         raise SystemExit(str(e)) from None
+    one_file = bool(gradescope) and gradescope.endswith('.json')
+    for where, what in ((out_dir, '--out'), (gradescope and (os.path.dirname(os.path.abspath(gradescope)) if one_file
+                                                             else gradescope), '--gradescope')):
+        problem = where and writable_folder(where, what)
+        if problem:   # (before the class is graded: minutes of work that could not be kept)
+            raise NotWritten(problem, [])
     subs, skipped = submissions_in(n, folder)
+    upload = None
+    if one_file and len(subs) > 1:
+        subs, upload = one_upload(n, subs)
+        print(upload, flush=True)
     for why in skipped:
         print(f"skipped {why}", flush=True)
+    for name, _, _, note, _ in subs:
+        if note:
+            print(f"note: the folder {name}: {note}", flush=True)
     concepts = course_grader.concepts(n)
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         graded = list(pool.map(lambda sub: grade_safely(n, sub[1], sub[0], limit, sandbox, sub[2]), subs))
-    rows, unwritten = [], []
-    for (name, path, _), r, file in zip(subs, graded, file_names([name for name, _, _ in subs])):
+    if upload:
+        for r in graded:
+            r['head'].insert(1, f"  {upload}")
+            r['feedback'] = '\n'.join([r['head'][0], r['head'][1], r['feedback'].split('\n', 1)[1]])
+    rows = [(name, r) for (name, _, _, _, _), r in zip(subs, graded)]
+    for _, r in rows:
         print(r['feedback'], flush=True)
-        rows.append((name, r))
-        try:   # (a file that cannot be written is said, and the gradebook, which holds every row, still is)
+    unwritten, book_written, error = [], None, None
+    if out_dir:   # the gradebook first: it holds every row
+        book = io.StringIO()
+        w = csv.writer(book)
+        w.writerow(['student', *[c.name for c in concepts], 'total', 'max', 'seconds', 'status', 'note'])
+        for (name, r), sub in zip(rows, subs):
+            w.writerow([course_grader.spreadsheet_cell(x) for x in (name, *[r['marks'][c.name] for c in concepts], r['score'],
+                                                       r['total'], r['seconds'], r['status'], sub[3])])
+        book_path = os.path.join(out_dir, f'gradebook_assignment{n}.csv')
+        try:
+            atomic_write(book_path, book.getvalue())
+            book_written = True
+        except OSError as e:
+            book_written, error = False, e
+    for (name, r), file in zip(rows, file_names([sub[0] for sub in subs], [sub[4] for sub in subs])):
+        try:
             if out_dir:
-                os.makedirs(out_dir, exist_ok=True)
                 atomic_write(os.path.join(out_dir, f'{file}.txt'), r['feedback'] + '\n')
                 write_json(os.path.join(out_dir, f'{file}.results.json'), gradescope_json(r, n))
             if gradescope:
-                write_json(gradescope if len(subs) == 1 else os.path.join(gradescope, file, 'results.json'),
+                write_json(gradescope if one_file else os.path.join(gradescope, file, 'results.json'),
                            gradescope_json(r, n))
         except OSError as e:
             unwritten.append(name)
-            print(f"could not write {name}'s feedback or results.json ({e.strerror}): their row is in the "
-                  "gradebook", flush=True)
-    if out_dir:
-        book = io.StringIO()
-        w = csv.writer(book)
-        w.writerow(['student', *[c.name for c in concepts], 'total', 'max', 'seconds', 'status'])
-        for name, r in rows:
-            w.writerow([course_grader.spreadsheet_cell(x) for x in (name, *[r['marks'][c.name] for c in concepts], r['score'],
-                                                       r['total'], r['seconds'], r['status'])])
-        atomic_write(os.path.join(out_dir, f'gradebook_assignment{n}.csv'), book.getvalue())
-        print(f"wrote {out_dir}/gradebook_assignment{n}.csv and each student's feedback ({len(rows)} students)")
+            error = error or e
+    if book_written:
+        print(f"wrote {out_dir}/gradebook_assignment{n}.csv and "
+              f"{'each' if not unwritten else f'{len(rows) - len(unwritten)} of {len(rows)}'} student's feedback")
     failed = sum(r['status'] == 'not graded' for _, r in rows)
     print(f"{len(rows)} submissions: {sum(r['score'] == r['total'] for _, r in rows)} with full marks, "
           f"{failed} not graded" + (" (their rows say why)" if failed else '') +
-          (f", {len(skipped)} entries skipped" if skipped else '') +
-          (f", {len(unwritten)} students' files not written (said above)" if unwritten else ''), flush=True)
+          (f", {len(skipped)} entries skipped" if skipped else ''), flush=True)
+    if book_written is False or unwritten:
+        where, why = ' and '.join(x for x in (out_dir, gradescope) if x), error.strerror or str(error)
+        names = ': ' + ', '.join(unwritten[:3]) + (', ...' if len(unwritten) > 3 else '') if unwritten else ''
+        raise NotWritten(f"{where}: could not write {'the gradebook and ' if book_written is False else ''}"
+                         f"{len(unwritten)} of {len(rows)} students' files ({why}{names}); "
+                         + ("no gradebook was written" if book_written is False else "the gradebook holds every row")
+                         + ": make room, or give another folder, and grade again", rows)
     return rows
 
 
@@ -516,7 +618,7 @@ mkdir -p "$ROOT/results"
 cd "$ROOT/source"
 "$PYTHON" course.py grade {n} "$ROOT/submission" --gradescope "$ROOT/results/results.json" --sandbox {sandbox}
 code=$?
-[ "$code" -le 1 ] || echo "run_autograder: course.py grade ended with exit status $code (its results.json says why)"
+[ "$code" -le 1 ] || echo "run_autograder: course.py grade ended with exit status $code (its results.json, or the line above, says why)"
 exit 0
 """
 
@@ -600,6 +702,9 @@ def main(argv):
             raise SystemExit("course_kit/grader.py is not here: grading needs the instructor's copy of the project")
         try:
             rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox)
+        except NotWritten as e:   # (a full disk, a folder it may not write to: one line, an exit status of its own)
+            print(f"course.py grade: {e}", file=sys.stderr, flush=True)
+            return EXIT_NOT_WRITTEN
         except SystemExit as e:   # nothing graded: Gradescope's results.json still says why
             if args.gradescope and args.gradescope.endswith('.json') and isinstance(e.code, str):
                 from course_kit import grader as course_grader

@@ -391,7 +391,11 @@ def test_routing_records_every_read_point(mode, S):
     assert set(routes) == expected, "concept 'every read point reads its sources and is recorded': the logged (sublayer, route) pairs are not one per read; pass `log` to every read"
     for (l, route), alpha in routes.items():
         n = expected_sources(l, S) if l < L else 1 + math.ceil(L / S)
-        assert alpha.shape == (n,), f"concept 'every read point reads its sources and is recorded': sublayer {l} ({route}) read {alpha.shape[0]} sources, not {n} (S = {S})"
+        assert alpha.shape == (n,), (f"concept 'every read point reads its sources and is recorded': with S = {S}, "
+                                     f"{'the final read' if l == L else f'sublayer {l} ({route})'} read {alpha.shape[0]} "
+                                     f"source{'s' if alpha.shape[0] != 1 else ''}, not {n} "
+                                     f"({', '.join(source_labels(l, S, L))}): {abs(alpha.shape[0] - n)} "
+                                     f"{'missing' if alpha.shape[0] < n else 'extra'}")
         torch.testing.assert_close(alpha.sum(), torch.tensor(1.0, dtype=alpha.dtype))
         assert (alpha >= 0).all()
     assert [(l, R, n) for l, R, n in model.read_points()] == [
@@ -548,17 +552,40 @@ def test_two_learned_routes_separate_in_training(mode):
 @pytest.mark.assignment3
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_every_pseudo_query_gets_a_gradient(mode):
-    model = perturb(make(mode, S=2, n_layer=3), scale=0.3)
+    # S = 4 over 6 sublayers: a full AttnRes block, then a shorter last one. Each query's gradient is judged
+    # given what its own read was given (a hook on every read point): a read of one source has a constant
+    # softmax (a zero gradient, as the first attention read's); a read of more must pass a gradient to its
+    # query. So this test fails for a read cut off from the loss, not for wrong sources (the other tests' concern).
+    from model import DepthRead
+    model = perturb(make(mode, S=4, n_layer=3), scale=0.3)
+    given = {}                                  # read point -> (number of sources, all of them in the graph)
+
+    def seen(module, inputs):
+        given.setdefault(module, (len(inputs[0]), all(x.requires_grad for x, _ in inputs[0])))
+    hooks = [m.register_forward_pre_hook(seen) for m in model.modules() if isinstance(m, DepthRead)]
     loss = model(*batch())[1]
+    for h in hooks:
+        h.remove()
     loss.backward()
-    for name, p in model.named_parameters():
-        if name.split('.')[-1] not in QUERY_NAMES:
+    cut = not all(in_graph for _, in_graph in given.values())
+    for module_name, read in model.named_modules():
+        if not isinstance(read, DepthRead):
             continue
-        assert p.grad is not None, f"concept 'every pseudo-query learns': {name} has no gradient: every read must take part in the forward pass"
-        if name.startswith('transformer.h.0.') and name.endswith(('attn_query', 'value_query', 'heads2_query')):
-            assert torch.equal(p.grad, torch.zeros_like(p)), name   # one source: softmax is constant 1
-        else:
-            assert p.grad.abs().max() > 0, f"concept 'every pseudo-query learns': {name} gets a zero gradient: its read must feed the output"
+        for name, p in read.named_parameters(recurse=False):
+            if name not in QUERY_NAMES:
+                continue
+            name = f'{module_name}.{name}'
+            where = 'the final read' if read.sublayer == 6 else f'the read of sublayer {read.sublayer}'
+            assert read in given, f"concept 'every pseudo-query learns': {name} cannot learn: {where} never ran: every read must take part in the forward pass"
+            if given[read][0] == 1:             # one source: softmax is constant 1
+                assert p.grad is None or torch.equal(p.grad, torch.zeros_like(p)), name
+            elif p.grad is None or not p.grad.abs().max() > 0:
+                assert not cut, (f"concept 'every pseudo-query learns': {name} gets no gradient, though {where} runs: no gradient "
+                                 "reaches the sources, a source is cut from the graph (.detach(), .data or torch.no_grad()): "
+                                 "keep every source in it")
+                pytest.fail(f"concept 'every pseudo-query learns': {name} gets no gradient, though {where} runs: its output "
+                            "never reaches the loss (every AttnRes block's source is read later; the last, shorter one by "
+                            "the final read)")
 
 
 def test_every_parameter_gets_a_gradient_at_init():

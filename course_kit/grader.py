@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 from course_kit import worker as course_worker
@@ -71,14 +72,57 @@ def shown(text, limit=300):
     return out + ('...' if len(text) > limit else '')
 
 
-def shown_name(name):
-    """A student's folder name as shown: inert, and a name that is not in Unicode's composed form (NFC) has its
-    combining marks written as escapes, so two names that differ only in normalisation never look the same."""
+# Letters of other scripts that print like Latin ones (after NFKC and casefold; Unicode's confusables, the
+# letters a name is likely to hold): a name is told apart by what a person sees, not by its code points
+LOOKALIKES = {
+    # Cyrillic
+    '\u0430': 'a', '\u0432': 'b', '\u0435': 'e', '\u0456': 'i', '\u0458': 'j', '\u043a': 'k', '\u043c': 'm',
+    '\u043d': 'h', '\u043e': 'o', '\u0440': 'p', '\u0441': 'c', '\u0442': 't', '\u0443': 'y', '\u0445': 'x',
+    '\u0455': 's', '\u04bb': 'h', '\u0501': 'd', '\u051b': 'q', '\u051d': 'w', '\u04cf': 'l', '\u0475': 'v',
+    # Greek
+    '\u03b1': 'a', '\u03b2': 'b', '\u03b5': 'e', '\u03b6': 'z', '\u03b7': 'n', '\u03b9': 'i', '\u03ba': 'k',
+    '\u03bc': 'm', '\u03bd': 'v', '\u03bf': 'o', '\u03c1': 'p', '\u03c4': 't', '\u03c5': 'u', '\u03c7': 'x',
+}
+
+
+def skeleton(name):
+    """What a name looks like, as one string: compatibility-normalised (NFKC: the Kelvin sign is K, the
+    Angstrom sign A-ring), case folded, look-alike letters of other scripts as the Latin ones they print as.
+    Two names with one skeleton may print the same."""
+    import unicodedata
+    folded = unicodedata.normalize('NFKC', unicodedata.normalize('NFKC', name).casefold())
+    return ''.join(LOOKALIKES.get(c, c) for c in folded)
+
+
+def shown_name(name, lookalikes=False):
+    """A student's folder name as shown: inert, and with every character that could make it print like another
+    name written as an escape (\\uXXXX): combining marks of a name not in composed form (NFC), characters that
+    compatibility normalisation (NFKC) changes (the Kelvin sign, the Angstrom sign, full-width letters), letters
+    of another script that print as Latin ones in a name that has Latin letters, and with lookalikes (a name
+    whose skeleton is another's) every character outside ASCII."""
     import unicodedata
     name = shown(name, 200)
-    if unicodedata.normalize('NFC', name) == name:
-        return name
-    return ''.join(f'\\u{ord(c):04x}' if unicodedata.combining(c) else c for c in name)
+    nfc = unicodedata.normalize('NFC', name) == name
+    latin = any(c.isascii() and c.isalpha() for c in name)
+
+    def suspect(c):
+        return (lookalikes and not c.isascii() or not nfc and unicodedata.combining(c)
+                or unicodedata.normalize('NFKC', c) != c or latin and c.casefold() in LOOKALIKES)
+    return ''.join(f'\\u{ord(c):04x}' if ord(c) < 0x10000 and suspect(c) else
+                   f'\\U{ord(c):08x}' if suspect(c) else c for c in name)
+
+
+def name_note(name):
+    """Why a name is shown with escapes (shown_name), in words, or ''."""
+    import unicodedata
+    why = []
+    if unicodedata.normalize('NFC', name) != name:
+        why.append('not in composed form (NFC)')
+    if any(unicodedata.normalize('NFKC', c) != c for c in name if not unicodedata.combining(c)):
+        why.append('compatibility characters (NFKC changes it)')
+    if any(c.isascii() and c.isalpha() for c in name) and any(c.casefold() in LOOKALIKES for c in name):
+        why.append('letters of another script that print as Latin ones')
+    return ', '.join(why)
 
 
 def spreadsheet_cell(value):
@@ -207,6 +251,30 @@ def all_of(*compares):
     return compare
 
 
+def as_specified(got, ref):
+    """The read under autocast (got: h, alpha) against the same code's read in float64 (h64, alpha64): float32,
+    not rounded to bf16; and a read: alpha a distribution over the sources that the queries move."""
+    import torch
+    t = got[0]
+    for name in ('h', 'alpha', 'h64', 'alpha64'):
+        if not isinstance(t.get(name), torch.Tensor) or not t[name].is_floating_point():
+            return f"{name} should be a tensor of floats; got {their_value(t.get(name))}"
+    for name in ('h', 'alpha'):
+        if t[name].dtype != torch.float32:
+            return f"under bf16 autocast {name} is {str(t[name].dtype).replace('torch.', '')}, not float32: turn autocast off for the read"
+        if t[name].shape != t[name + '64'].shape or t[name].shape != ref[0][name].shape:
+            return f"{name} has shape {tuple(t[name].shape)}, not the shape asked for ({tuple(ref[0][name].shape)})"
+        if not torch.allclose(t[name].double(), t[name + '64'], rtol=1e-5, atol=1e-6):
+            return (f"{name} under bf16 autocast is not your own read in float64 to float32's precision: computed in "
+                    "bf16 (turn autocast off for the read)")
+    alpha = t['alpha64']
+    if not torch.allclose(alpha.sum(-1), torch.ones_like(alpha.sum(-1)), atol=1e-9) or (alpha < 0).any():
+        return "alpha is not a distribution over the sources (a softmax over the last axis)"
+    if not (alpha[0] - alpha[1]).abs().max() > 1e-6:
+        return "alpha is the same for two different queries: no read of the queries"
+    return None
+
+
 def no_matmul(got, ref):
     ops = got[1].get('ops')
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
@@ -226,9 +294,10 @@ def assignment1():
            {**sources(10 + n, n), 'queries': torch.randn(r, 8, generator=generator(20 + n), dtype=torch.float64)},
            same_tensors('h', 'alpha', dtype=torch.float64), None) for n, r in ((1, 1), (2, 1), (3, 2), (5, 3))]
     f32 = {**sources(31, 4, dtype=torch.float32), 'queries': torch.randn(2, 8, generator=generator(32))}
-    f64 = {k: v.double() for k, v in f32.items()}
-    spec = [("the read under bf16 autocast, float32 sources", 'depth_read', dict(n_sources=4, autocast=True), f32,
-             same_tensors('h', 'alpha', rtol=1e-5, atol=1e-6, dtype=torch.float32), (dict(n_sources=4), f64)),
+    # (how the read is computed, not what: under autocast it must give what the same code gives in float64, so
+    # that a wrong formula loses the equations alone; and it must be a read at all, alpha moved by the queries)
+    spec = [("the read under bf16 autocast, float32 sources", 'depth_read_autocast', dict(n_sources=4), f32,
+             as_specified, None),
             ("the operations of the read", 'depth_read_ops', dict(n_sources=4), f32, no_matmul, None)]
     return (
         Concept("the read's equations: normalised keys, raw values, a softmax over the sources", 2,
@@ -242,13 +311,21 @@ def assignment1():
 MODES = ('attnres', 'rd_attnres', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_params', 'ctrl_heads')
 
 
+ROUTES_OF = {   # the number of routes of each mode's attention read (model.ATTENTION_ROUTES)
+    'attnres': 1, 'rd_attnres': 2, 'ctrl_dup': 2, 'ctrl_fixed_v': 2, 'ctrl_params': 1, 'ctrl_heads': 2}
+
+
 def assignment2():
+    import torch
     read = [(f"the attention read point of an {mode} model over 3 sources", 'read_point',
              dict(config=config(mode), layer=1, n_sources=3), {**model_weights(config(mode), 40 + i), **sources(50 + i, 3, d=16)},
              all_of(same_tensors('h', rtol=1e-10), same_values('routes')), None) for i, mode in enumerate(MODES)]
-    inputs = [(f"the attention inputs of an {mode} model over 4 sources", 'attn_inputs',
-               dict(config=config(mode), layer=1, n_sources=4), {**model_weights(config(mode), 60 + i), **sources(70 + i, 4, d=16)},
-               all_of(same_values('routes'), same_tensors('x_qk', 'x_v', rtol=1e-10)), None) for i, mode in enumerate(MODES)]
+    # (the inputs from a given read, not the code's own: a wrong read point loses "one query per route" alone)
+    inputs = [(f"the attention inputs of an {mode} model from a read of {ROUTES_OF[mode]} route(s)",
+               'attn_inputs_of', dict(config=config(mode), layer=1),
+               {**model_weights(config(mode), 60 + i),
+                'h': torch.randn(ROUTES_OF[mode], 2, 3, 16, generator=generator(70 + i), dtype=torch.float64)},
+               same_tensors('x_qk', 'x_v', rtol=1e-10), None) for i, mode in enumerate(MODES)]
     return (
         Concept("one query per route, the key gain folded in", 2,
                 "stack getattr(self, name) for every route in self.routes (ctrl_dup's two routes share one name and "
@@ -256,6 +333,116 @@ def assignment2():
         Concept("the attention inputs: Q/K from the first route, V from the last, through norm_attn", 5,
                 "x = self.norm_attn(h) for all routes at once (the same pre-norm for both, not norm_mlp), then x[0] "
                 "for queries and keys and x[-1] for values", tuple(inputs)))
+
+
+def source_names(l, S, L):
+    """The sources sublayer l reads (l = L: the final read), in words: b_0 .. b_{n-1}, and the partial."""
+    finished = 1 + (l // S if l < L else -(-L // S))
+    names = [f'b_{i}' for i in range(finished)] + (['the partial'] if l < L and l % S else [])
+    return names
+
+
+def source_said(j, l, S, L):
+    """Source j of sublayer l's read, and what it should be, in words."""
+    names = source_names(l, S, L)
+    if j == 0:
+        return "b_0, which should be the embedding alone"
+    if names[j] == 'the partial':
+        return "the partial, which should be the sum of the current AttnRes block's outputs so far"
+    return f"{names[j]}, which should be the sum of AttnRes block {j}'s own outputs (not a running sum; the embedding never added in)"
+
+
+def read_said(l, L, route=None):
+    """Sublayer l's read (l = L: the final read), in words, with its route where it has two."""
+    if l == L:
+        return 'the final read'
+    return (f"sublayer {l}'s read ({'attention' if l % 2 == 0 else 'MLP'}"
+            + (f", route {route})" if route not in (None, 'qk', 'mlp') else ')'))
+
+
+def count_said(l, got, want, S, L, route=None):
+    """A read's number of sources against the expected one, in words: which are missing or extra."""
+    names = source_names(l, S, L)
+    return (f"{read_said(l, L, route)} reads {got} source{'s' if got != 1 else ''}, not {want} ({', '.join(names)}): "
+            f"{abs(got - want)} {'missing' if got < want else 'extra'}")
+
+
+def increments(got, ref):
+    """The whole model's logits; when they differ, the first read whose sources differ from the instructor's
+    model's (seen by a hook on every read point), and which of its sources."""
+    import torch
+    problem = same_tensors('logits', rtol=1e-9, atol=1e-10)(got, ref)
+    if not problem:
+        return None
+    S, L = ref[1]['S'], ref[1]['L']
+    calls = got[1].get('calls') if isinstance(got[1].get('calls'), list) else []
+    firsts = {}
+    for k, call in enumerate(calls):   # each read point's first call (a read called twice: its first)
+        if isinstance(call, list) and len(call) == 3 and isinstance(call[0], int):
+            firsts.setdefault(call[0], (k, call[1]))
+    for k, (l, n, _) in enumerate(ref[1]['calls']):
+        if l not in firsts:
+            return f"{problem}: {read_said(l, L)} never ran"
+        theirs, count = firsts[l]
+        if count != n:
+            return f"{problem}: the first read that differs: {count_said(l, count, n, S, L)}"
+        for j in range(n):
+            a, b = got[0].get(f'src{theirs}.{j}'), ref[0][f'src{k}.{j}']
+            if not isinstance(a, torch.Tensor) or a.shape != b.shape or not torch.allclose(a.double(), b.double(),
+                                                                                           rtol=1e-9, atol=1e-10):
+                return f"{problem}: the first read that differs is {read_said(l, L)}: its source {source_said(j, l, S, L)}"
+    return (f"{problem}: every read's sources are right, but the output is not the final read's: "
+            "h = self.final_read(all the blocks, log)[0]")
+
+
+def reads_recorded(got, ref):
+    """The routing log: one entry per read point and route, in order, each with its number of sources."""
+    S, L = ref[1]['S'], ref[1]['L']
+    reads, want = got[1].get('reads'), ref[1]['reads']
+    if not isinstance(reads, list) or not reads:
+        return "no read was recorded: pass `log` to every read"
+    if not all(isinstance(r, list) and len(r) == 3 for r in reads):
+        return "the recorded reads could not be read"
+    if len(reads) < len(want) and all(r in [w[:2] for w in want] for r in [r[:2] for r in reads]):
+        missing = [read_said(l, L, route) for l, route, _ in want if [l, route] not in [r[:2] for r in reads]]
+        return (f"{len(reads)} of the {len(want)} reads were recorded ({missing[0]} was not"
+                f"{f', nor {len(missing) - 1} more' if len(missing) > 1 else ''}): pass `log` to every read")
+    if [r[:2] for r in reads] != [r[:2] for r in want]:
+        return ("the recorded reads are not one per read point and route, in order: call each read point once, with "
+                "`log`")
+    for (l, route, count), (_, _, n) in zip(reads, want):
+        if count != n:
+            return count_said(l, count, n, S, L, route)
+    return None
+
+
+def queries_learn(got, ref):
+    """Each pseudo-query's gradient given its read's own inputs (seen by a hook): a read of one source has a
+    constant softmax (a zero gradient), a read of more must pass a gradient to its query when it feeds the
+    loss. So a wrong source is not counted here: only a read that runs apart from the loss."""
+    L = ref[1]['L']
+    states, calls = got[1].get('grads'), got[1].get('calls')
+    if not isinstance(states, dict) or not isinstance(calls, list):
+        return "the gradients could not be read"
+    counts = {}
+    for call in calls:
+        if isinstance(call, list) and len(call) == 3:
+            counts.setdefault(call[0], call[1])
+    cut = any(isinstance(call, list) and len(call) == 3 and call[2] is False for call in calls)
+    for name, l in ref[1]['sublayer_of'].items():
+        if l not in counts:
+            return f"{name} cannot learn: {read_said(l, L)} never ran (every read takes part in the forward pass)"
+        want = 'nonzero' if counts[l] > 1 else 'zero'
+        have = states.get(name)
+        if want == 'nonzero' and have != 'nonzero':
+            if cut:
+                return (f"{name} gets no gradient, though {read_said(l, L)} runs: no gradient reaches the sources, a "
+                        "source is cut from the graph (.detach(), .data or torch.no_grad()): keep every source in it")
+            return (f"{name} gets no gradient, though {read_said(l, L)} runs: its output never reaches the loss "
+                    "(every AttnRes block's source is read later; the last, shorter one by the final read)")
+        if want == 'zero' and have not in ('zero', 'none'):
+            return f"{name} gets a gradient from a read of one source, whose softmax is constant"
+    return None
 
 
 def assignment3():
@@ -269,19 +456,41 @@ def assignment3():
                       dict(config=config(mode, S, n_layer=3)),
                       {**model_weights(config(mode, S, n_layer=3), 90 + S), 'idx': idx[:, :-1], 'targets': idx[:, 1:]},
                       compare, None) for mode, S in cases)
-    n_reads = 3 * 2 + 1
-    alphas = same_tensors(*[f'alpha{i}' for i in range(n_reads)], rtol=1e-9)
+    # Each concept's probe isolates what it names, so that a mistake loses the concepts it breaks: the logits
+    # (whose failure is traced to the first read whose sources differ), the log's reads and their counts, each
+    # pseudo-query's gradient given what its own read was given
     return (
         Concept("sources are increments: the embedding, finished blocks, the partial", 5,
                 "b_0 is the embedding alone; a block's source is the sum of its sublayers' outputs (not a running "
                 "sum of everything so far); it closes after its S-th sublayer; the last, shorter block is closed "
-                "before the final read", probes(same_tensors('logits', rtol=1e-9, atol=1e-10))),
+                "before the final read", probes(increments)),
         Concept("every read point reads its sources and is recorded", 2,
-                "sublayer l reads 1 + l // S + (l % S != 0) sources; pass `log` to every read",
-                probes(all_of(same_values('reads'), alphas))),
-        Concept("every pseudo-query learns", 1, "every read must take part in the forward pass (the final read too)",
-                probes(lambda got, ref: same_tensors(*[k for k in ref[0] if k.startswith('grad.')], rtol=1e-7,
-                                                     atol=1e-10)(got, ref))))
+                "sublayer l reads 1 + l // S + (l % S != 0) sources, the final read 1 + ceil(L / S); pass `log` to "
+                "every read", probes(reads_recorded)),
+        Concept("every pseudo-query learns", 1,
+                "a read's query learns when its output reaches the loss: keep every source in the graph (no "
+                ".detach(), .data or torch.no_grad()) and read every block later (the last, shorter one in the final "
+                "read)", probes(queries_learn)))
+
+
+def same_anywhere(got, ref):
+    """A step's windows asked by another rank are the ones a single process gets: W windows of the data that
+    change from step to step (so a fixed list is no order); whether they are the right ones is the exact
+    order's concept."""
+    v = got[1]
+    here, alone, after = v.get('windows'), v.get('alone'), v.get('next')
+    n = len(ref[1]['alone'])
+    if not all(isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+               for x in (here, alone, after)):
+        return f"a step's windows should be a list of ints; got {their_value(alone)}"
+    if here != alone:
+        return ("another rank got other windows than a single process: return the whole step, whoever asks "
+                "(nothing may depend on RANK or WORLD_SIZE)")
+    if len(alone) != n:
+        return f"a step has {len(alone)} windows, not W = {n}: the whole step, all ranks together"
+    if alone == after:
+        return "the windows are the same at every step: no data order"
+    return None
 
 
 def assignment4():
@@ -291,6 +500,12 @@ def assignment4():
                       'step_windows', dict(step=step, n_windows=n, windows_per_step=w, seed=seed, env=env), {},
                       same_values('windows'), None) for step, n, w, seed in cases)
     one = dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1)
+
+    def anywhere(env, cases):   # (the code's own order asked by another rank: its independence, not its order)
+        return tuple((f"the windows of step {step} ({w} per step, {n} windows, seed {seed}), asked by rank "
+                      f"{env['RANK']} of {env['WORLD_SIZE']} and by one process", 'step_windows_anywhere',
+                      dict(step=step, n_windows=n, windows_per_step=w, seed=seed, env=env), {}, same_anywhere, None)
+                     for step, n, w, seed in cases)
     return (
         Concept("the exact order: each epoch a seed-keyed permutation, steps crossing epochs", 2,
                 "epoch e is window_order(n_windows, seed, e); step s takes positions [s*W, (s+1)*W) of the endless "
@@ -300,8 +515,8 @@ def assignment4():
         Concept("the same order on any number of processes", 4,
                 "return the whole step's W windows, whoever asks: train.py splits them between the ranks; nothing "
                 "may depend on RANK or WORLD_SIZE",
-                probes(dict(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2), [(15, 1000, 64, 5), (3, 100, 250, 2)])
-                + probes(dict(RANK=3, LOCAL_RANK=3, WORLD_SIZE=4), [(31, 1000, 64, 7), (2, 4096, 512, 1)])))
+                anywhere(dict(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2), [(15, 1000, 64, 5), (3, 100, 250, 2)])
+                + anywhere(dict(RANK=3, LOCAL_RANK=3, WORLD_SIZE=4), [(31, 1000, 64, 7), (2, 4096, 512, 1)])))
 
 
 def assignment5():
@@ -345,12 +560,53 @@ def python_paths():
     return sorted(p for p in paths if os.path.isdir(p))
 
 
-_uids = itertools.count(FIRST_UID + (os.getpid() % 1000) * 100_000)
+UID_BLOCKS, UID_BLOCK = 1000, 100_000   # a grader's uids: one block of its own, FIRST_UID + block * UID_BLOCK + i
+_uids = None
 _uid_lock = threading.Lock()
+_uid_claim = None   # the open lock file of this process's block: held until the process ends
+
+
+def uid_lock_folder():
+    """The folder of the uid blocks' lock files: root's (or this user's) own, mode 0700, never a link (a
+    sandboxed user may create names in /tmp first: such a folder is not used, the next name is)."""
+    base = os.path.join(tempfile.gettempdir(), f'rd-attnres-course-uids-{os.geteuid()}')
+    for i in range(100):
+        folder = base if i == 0 else f'{base}-{i}'
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(folder)
+        if os.path.isdir(folder) and not os.path.islink(folder) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0:
+            return folder
+    raise NoSandbox(f"no folder of its own for the uid sandbox's locks next to {base}: remove the folders named so")
+
+
+def claim_uid_block():
+    """A block of uids no other grader on this machine holds: the first block whose lock file this process can
+    lock (flock, released by the kernel when the process ends, however it ends)."""
+    import fcntl
+    global _uid_claim
+    folder = uid_lock_folder()
+    for block in range(UID_BLOCKS):
+        fd = os.open(os.path.join(folder, f'block-{block}'), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _uid_claim = fd
+        return block
+    raise NoSandbox(f"every one of the {UID_BLOCKS} blocks of uids is held by a grader running now: wait for one")
 
 
 def next_uid():
+    """A uid for one sandbox: never given twice by this process, and never one another grader running on this
+    machine gives (each grader claims a block of UID_BLOCK uids of its own, claim_uid_block)."""
+    global _uids
     with _uid_lock:
+        if _uids is None:
+            _uids = itertools.count(FIRST_UID + claim_uid_block() * UID_BLOCK)
         return next(_uids)
 
 
@@ -494,17 +750,37 @@ def worker_env(cpu_seconds):
     return env
 
 
-def answered(path):
-    """How many whole answers (8 bytes of length, then that many bytes) the worker's output file holds so far."""
-    count, at, size = 0, 0, os.path.getsize(path)
-    with open(path, 'rb') as f:
-        while at + 8 <= size:
-            f.seek(at)
-            (length,) = struct.unpack('<Q', f.read(8))
-            if at + 8 + length > size:
-                break
-            at, count = at + 8 + length, count + 1
-    return count
+class Answers:
+    """The worker's output file as it grows: how many of its frames so far are answers (the ready frame, then
+    one per concept: a safetensors blob whose header says 'ready' or holds a list of results). Each frame is
+    read once; the first frame that is not an answer (an empty one, a cut or garbled one) ends the count for
+    good: what follows it is never read, so writing frames cannot move the clock (run_worker)."""
+
+    def __init__(self, path, most):
+        self.path, self.most, self.at, self.count, self.broken = path, most, 0, 0, False
+
+    def __call__(self):
+        size = os.path.getsize(self.path)
+        with open(self.path, 'rb') as f:
+            while not self.broken and self.count < self.most and self.at + 8 <= size:
+                f.seek(self.at)
+                (length,) = struct.unpack('<Q', f.read(8))
+                if self.at + 8 + length > size:
+                    break   # (still being written)
+                if length > FILE_SIZE:
+                    self.broken = True
+                    break
+                try:
+                    _, meta = course_worker.unpack(f.read(length), course_worker.MAX_ANSWER_HEADER)
+                    ok = isinstance(meta, dict) and (meta.get('ready') is True if self.count == 0 else
+                                                     isinstance(meta.get('results'), list))
+                except Exception:   # noqa: BLE001 (whatever the bytes are, they are not an answer)
+                    ok = False
+                if not ok:
+                    self.broken = True
+                    break
+                self.at, self.count = self.at + 8 + length, self.count + 1
+        return self.count
 
 
 def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
@@ -531,9 +807,10 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
             proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=tree, env=env,
                                     start_new_session=True)
             deadline = t0 + STARTUP   # until the worker says it is ready (its first frame), then per concept
+            answered = Answers(paths[1], n_concepts + 1)   # (only an answer moves the clock, never any frame)
             try:
                 while proc.poll() is None:
-                    count = answered(paths[1])
+                    count = answered()
                     if count > done:
                         done, deadline = count, time.time() + 2 * cpu_seconds
                     if done > n_concepts:   # (the ready frame and every concept's answers)
@@ -554,7 +831,7 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         # SIGKILL is the hard limit's, when SIGXCPU was ignored, or the kernel's when memory ran out
         if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             ended = 'cpu'
-        elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered(paths[1]) <= n_concepts:
+        elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered() <= n_concepts:
             ended = 'killed'
         with open(paths[1], 'rb') as f:
             answers = f.read(FILE_SIZE)
@@ -616,7 +893,10 @@ def judge(concept, got, first, place=lambda where: where):
         answer = ({k.partition('/')[2]: v for k, v in got_tensors.items() if k.partition('/')[0] == str(first + i)},
                 result.get('values') if isinstance(result.get('values'), dict) else {})
         ref_args, ref_inputs = reference or (args, inputs)
-        with torch.random.fork_rng():   # (the instructor's code needs no environment: a process's env is shared)
+        # (the instructor's code needs no environment: a process's env is shared; its warnings, a block size past
+        # the sublayers on purpose, are not the grader's to print)
+        with torch.random.fork_rng(), warnings.catch_warnings():
+            warnings.simplefilter('ignore')
             ref = course_worker.run_probe(probe, {k: v for k, v in ref_args.items() if k != 'env'}, ref_inputs)
         problem = compare(answer, ref)
         if problem:

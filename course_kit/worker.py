@@ -47,6 +47,18 @@ def probe_depth_read(args, t):
     return {'h': h, 'alpha': alpha}, {}
 
 
+def probe_depth_read_autocast(args, t):
+    """Assignment 1: the read under bf16 autocast on float32 sources, and the same read on the same values in
+    float64 (the code's own, to compare with: how it is computed, not what)."""
+    import torch
+    import model
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        h, alpha = model.depth_read(read_sources(t, args['n_sources']), t['queries'])
+    exact = {k: v.double() for k, v in t.items()}
+    h64, alpha64 = model.depth_read(read_sources(exact, args['n_sources']), exact['queries'])
+    return {'h': h, 'alpha': alpha, 'h64': h64, 'alpha64': alpha64}, {}
+
+
 def probe_depth_read_ops(args, t):
     """Assignment 1: the names of the operations the read runs."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -82,29 +94,50 @@ def probe_read_point(args, t):
     return {'h': h}, {'routes': [r['route'] for r in log]}
 
 
-def probe_attn_inputs(args, t):
-    """Assignment 2: the attention sublayer's two inputs (x_qk, x_v) of block `layer`, with its routing log."""
+def probe_attn_inputs_of(args, t):
+    """Assignment 2: the attention sublayer's two inputs (x_qk, x_v) of block `layer` from a given read h
+    (R, B, T, d): the inputs alone, whatever the code's read point computes."""
     gpt = small_model(args, t)
-    log = []
-    block = gpt.transformer.h[args['layer']]
-    x_qk, x_v = block.attn_inputs(block.attn_read(read_sources(t, args['n_sources']), log))
-    return {'x_qk': x_qk, 'x_v': x_v, **{f'alpha{i}': r['alpha'] for i, r in enumerate(log)}}, \
-        {'routes': [r['route'] for r in log]}
+    x_qk, x_v = gpt.transformer.h[args['layer']].attn_inputs(t['h'])
+    return {'x_qk': x_qk, 'x_v': x_v}, {}
 
 
 def probe_forward(args, t):
-    """Assignment 3: a whole forward pass with the routing recorded, and the gradient of every pseudo-query."""
+    """Assignment 3: a whole forward pass with the routing recorded, and the gradient of every pseudo-query;
+    and what every read point was given, seen from outside the code (a hook on each read point): the sources
+    of each call, in order, and whether each is in the graph."""
     import torch
+    import model
     gpt = small_model(args, t)
     gpt.record_routing = True
-    logits, loss = gpt(t['idx'], t['targets'])
+    reads = {m: name for name, m in gpt.named_modules() if isinstance(m, model.DepthRead)}
+    calls, given = [], {}
+
+    def seen(module, inputs):
+        sources = inputs[0] if inputs else []
+        xs = [s[0] for s in sources if isinstance(s, (tuple, list)) and s and isinstance(s[0], torch.Tensor)]
+        given[f'src{len(calls)}'] = xs
+        calls.append([module.sublayer, len(sources), all(x.requires_grad for x in xs)])
+    hooks = [m.register_forward_pre_hook(seen) for m in reads]
+    try:
+        logits, loss = gpt(t['idx'], t['targets'])
+    finally:
+        for h in hooks:
+            h.remove()
     loss.backward()
-    names = [n for n, _ in gpt.named_parameters() if n.endswith('_query')]
     out = {'logits': logits.detach(), **{f'alpha{i}': r['alpha'] for i, r in enumerate(gpt.routing)}}
-    grads = {f'grad.{n}': (p.grad if p.grad is not None else torch.full_like(p, float('nan')))
-             for n, p in gpt.named_parameters() if n in names}
-    reads = [[r['sublayer'], r['route'], r['alpha'].numel()] for r in gpt.routing]
-    return {**out, **grads}, {'reads': reads}
+    out.update({f'{k}.{j}': x.detach() for k, xs in given.items() for j, x in enumerate(xs)})
+    grads, states, sublayers = {}, {}, {}
+    for m, prefix in reads.items():
+        for n, p in m.named_parameters(recurse=False):
+            if n.endswith('_query'):
+                name = f'{prefix}.{n}'
+                grads[f'grad.{name}'] = p.grad if p.grad is not None else torch.full_like(p, float('nan'))
+                states[name] = 'none' if p.grad is None else 'zero' if not p.grad.abs().max() > 0 else 'nonzero'
+                sublayers[name] = m.sublayer
+    logged = [[r['sublayer'], r['route'], r['alpha'].numel()] for r in gpt.routing]
+    return {**out, **grads}, {'reads': logged, 'calls': calls, 'grads': states, 'sublayer_of': sublayers,
+                              'S': gpt.config.attnres_block_size, 'L': 2 * gpt.config.n_layer}
 
 
 def probe_step_windows(args, t):
@@ -118,6 +151,15 @@ def probe_step_windows(args, t):
         os.environ.clear()
         os.environ.update(before)
     return {}, {'windows': [int(w) for w in windows]}
+
+
+def probe_step_windows_anywhere(args, t):
+    """Assignment 4: the windows of a step asked by RANK of WORLD_SIZE (args env), by a single process, and the
+    next step's by a single process: what the order does not depend on, and what it does."""
+    alone = dict(args, env=dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1))
+    here = probe_step_windows(args, t)[1]['windows']
+    return {}, {'windows': here, 'alone': probe_step_windows(alone, t)[1]['windows'],
+                'next': probe_step_windows(dict(alone, step=args['step'] + 1), t)[1]['windows']}
 
 
 def probe_paired_stats(args, t):

@@ -27,8 +27,11 @@ plain read's: float32 (float64 stays float64) with autocast off, logits as eleme
 (no matmul). The routing diagnostics use the plain read (GPT.forward records with it).
 
 This file computes what assignments 1 and 3 of the course kit ask for, a second way: its lines between
-`### BEGIN WITH SOLUTION n` and `### END WITH SOLUTION` come with assignment n's solution (a handout that
-still has assignment n to write has a stub there).
+`### BEGIN WITH SOLUTION n` and `### END WITH SOLUTION` come with assignment n's solution. A course handout
+that still has assignment n to write holds, in their place, the lines marked `### HANDOUT:` (commented out
+here): a whole file that computes nothing a student writes. Phase 1 keeps the sources and phase 2 reads them
+with model.depth_read (assignment 1); TwoPhaseGPT's forward pass is the plain one, GPT.forward_depth_routed
+(assignment 3), and TWO_PHASE is False, so that the tests of the two-phase computation itself skip.
 """
 
 import math
@@ -37,6 +40,10 @@ import torch
 
 from model import GPT, fp32, source
 
+TWO_PHASE = True   # the reads are computed in two phases (False in a course handout: see above)
+### BEGIN WITH SOLUTION 3
+### HANDOUT: TWO_PHASE = False
+### END WITH SOLUTION
 
 class TwoPhaseGPT(GPT):
     """A GPT whose depth reads are computed in two phases, AttnRes block by AttnRes block: the same function
@@ -78,6 +85,7 @@ def phase1(x, inv_rms, bias, queries):
     e = (z - m).exp()
     num = (e[..., None] * x[None]).sum(1)                            # (R, B, T, d)
     return m[:, 0, ..., None], e.sum(1)[..., None], num
+    ### HANDOUT: return x, inv_rms, bias   # (this handout's state: the sources themselves, read by phase2)
     ### END WITH SOLUTION
 
 
@@ -92,6 +100,10 @@ def phase2(state, queries, partial):
     m2 = torch.maximum(m, z)
     c, e = (m - m2).exp(), (z - m2).exp()
     return (num * c + e * x[None]) / (den * c + e)
+    ### HANDOUT: from model import depth_read   # (this handout: the plain read of the sources and the partial)
+    ### HANDOUT: x, inv_rms, bias = state
+    ### HANDOUT: sources = [(x[i], inv_rms[i][..., None]) for i in range(len(x)) if bias[i] == 0]   # (not the padding)
+    ### HANDOUT: return depth_read(sources + ([partial] if partial is not None else []), queries)[0]
     ### END WITH SOLUTION
 
 
@@ -101,12 +113,12 @@ def shift_in(stack, new):
     return torch.cat([stack[1:], new[None]])
 
 
+### BEGIN WITH SOLUTION 3
 def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
     """One AttnRes block in two phases: phase 1 of all its read points at once over the finished sources
     (x, inv_rms, bias, as phase1 takes them), then each sublayer in turn, its read merged with the partial.
     is_attention[i], reads[i], blocks[i]: sublayer i of the block is an attention sublayer (else an MLP), its
     DepthRead, its transformer Block. Returns the block's sum of outputs as a source (x, 1/rms)."""
-    ### BEGIN WITH SOLUTION 3
     with torch.autocast(device_type=x.device.type, enabled=False):   # the reads are float32, as in depth_read
         queries = [read.queries().to(x.dtype) for read in reads]
         rows = [sum(len(q) for q in queries[:i]) for i in range(len(queries) + 1)]
@@ -118,15 +130,16 @@ def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
             h = phase2(state, queries[i], partial)
         out = block.sublayer(is_attention[i], h, cos, sin)
         partial = source(out if partial is None else partial[0] + fp32(out))
-    ### END WITH SOLUTION
     return partial
+### END WITH SOLUTION
 
 
 def forward_two_phase(model, embedding):
-    """model.forward_depth_routed(embedding), computed AttnRes block by AttnRes block in two phases."""
+    """model.forward_depth_routed(embedding), computed AttnRes block by AttnRes block in two phases (in a course
+    handout that still has assignment 1 or 3 to write: the plain read, GPT.forward_depth_routed)."""
+    ### BEGIN WITH SOLUTION 3
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
     run_block = model.block_region or attnres_block
-    ### BEGIN WITH SOLUTION 3
     slots = math.ceil(L / S)                    # the last AttnRes block's finished sources: the embedding, the others
     x0, r0 = source(embedding)
     dtype, device = x0.dtype, embedding.device
@@ -145,14 +158,15 @@ def forward_two_phase(model, embedding):
     with torch.autocast(device_type=device.type, enabled=False):   # the final read: the last block is its partial
         queries = model.final_read.queries().to(dtype)
         h = phase2(phase1(x, inv_rms, bias, queries), queries, partial)
-    ### END WITH SOLUTION
     return h[0]
+    ### HANDOUT: return GPT.forward_depth_routed(model, embedding)   # (the two-phase read: with assignment 3's solution)
+    ### END WITH SOLUTION
 
 
 def compile_model(model, **options):
     """What runs `model` under compile=True, in train.py and in bench.py: a TwoPhaseGPT with one region per
     AttnRes block compiled (compile_blocks), any other model compiled whole. Static shapes (dynamic=False): a
     new shape is a visible recompile, not a slower dynamic graph. options: torch.compile's (a backend, say)."""
-    if isinstance(model, TwoPhaseGPT):
+    if isinstance(model, TwoPhaseGPT) and TWO_PHASE:
         return model.compile_blocks(**options)
     return torch.compile(model, dynamic=False, **options)

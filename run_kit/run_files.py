@@ -54,10 +54,12 @@ class RunFileError(Exception):
 # Writing a whole file, and what a failed write says
 
 def atomic_write(path, data):
-    """Write `data` (str, bytes, or a function that writes the file whose path it is given) to path.tmp,
-    sync it to disk and rename it to path. On any failure, a full disk or a Ctrl-C alike, the temporary
-    file is removed and the error raised again: path is then the old file, as it was."""
-    tmp = path + '.tmp'
+    """Write `data` (str, bytes, or a function that writes the file whose path it is given) to a temporary
+    file of its own next to path, sync it to disk and rename it to path. On any failure, a full disk or a
+    Ctrl-C alike, the temporary file is removed and the error raised again: path is then the old file, as it
+    was. The temporary file is path.tmp, claimed exclusively; where another writer holds that name (two
+    writers of one path at once), path.<pid>.<random>.tmp: two writers never write into one file."""
+    tmp = claim_temporary(path)
     try:
         if callable(data):
             data(tmp)
@@ -71,6 +73,20 @@ def atomic_write(path, data):
         except OSError:
             pass
         raise
+
+
+def claim_temporary(path):
+    """A new, empty file next to path that no other writer has: path.tmp if it is free (the name a reader
+    of the folder knows as a write in progress), else path.<pid>.<random>.tmp. Created with O_EXCL, so two
+    writers never share one."""
+    import secrets
+    for tmp in [path + '.tmp'] + [f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp" for _ in range(100)]:
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name next to {path}")
 
 
 def sync_and_rename(tmp, path):

@@ -80,6 +80,10 @@ def test_compiled_run_with_a_ragged_evaluation_compiles_each_graph_once(data_dir
     # plain: the whole model, one graph each; two_phase: one region that both AttnRes blocks of the tiny model
     # (2 layers, S = 2) reuse, and the graphs around it (the embedding; the head and the loss), three each
     from torch._dynamo.testing import CompileCounter
+    from fast_read.two_phase_read import TWO_PHASE
+    if depth_read == 'two_phase' and not TWO_PHASE:
+        pytest.skip("the two-phase read comes with assignment 3's solution: this handout's TwoPhaseGPT computes the "
+                    "plain read")
     torch._dynamo.reset()
     counter = CompileCounter()   # a dynamo backend that counts the graphs it is given (and runs them eagerly)
     monkeypatch.setattr(torch, 'compile', functools.partial(torch.compile, backend=counter))
