@@ -15,14 +15,20 @@ arm before seed 2, so that a study stopped anywhere has complete pairs. `run` st
     LAUNCHER train.py CONFIG --seed=S --out_dir=DIR --init_from=auto OVERRIDES
 
 and so skips a finished run (without starting it), continues an interrupted one from its checkpoint,
-and starts a new one. A failed run stops the study with a message naming it and its log (DIR/train.out).
+and starts a new one. A run counts as the entry's only if its config.json has the entry's configuration
+(ENTRY_KEYS): a folder holding another run (an entry edited after it ran) stops the study before anything
+runs, naming the entries, folders and keys (--overwrite replaces those runs). A run that diverges is a
+result: recorded in its folder, kept on later runs of the study (--retrain_diverged runs it again), listed
+in the report with the pairs it breaks, and the study goes on with the other entries. Any other failed
+run stops the study with a message naming it and its log (DIR/train.out).
 SIGTERM, SIGUSR1 or Ctrl-C stop the study: the run in progress is told (SIGTERM), writes a checkpoint at
 its next log step and exits, and the study exits with code 75; the same command carries on. At the end,
 compare.py's paired tables of every run of the plan are written to one report file. A plan can also be
 a JSON file: a list of {"config", "seed", "out_dir", "overrides"} objects. Before anything runs, every
 entry is read as train.py will read it: a key a plan entry does not have, an override train.py does not
 know (or of the wrong type), one of the runner's own keys in overrides, or two entries with one out_dir
-refuse the plan, naming the entry.
+refuse the plan, naming the entry, and so do two entries whose out_dirs are one folder on this file
+system (a link) or on a case-insensitive one (names that differ only in case).
 """
 
 import argparse
