@@ -165,19 +165,25 @@ def note_nonfinite(flags, step, loss, norm, fp16):
 
 
 def divergence_message(loss_step, norm_step, step, ckpt_path):
-    """What went non-finite first (-1 = never), and what to do about it."""
+    """What went non-finite first (-1 = never), and what is kept."""
     if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
         what = f"training loss at step {loss_step}"
     else:
         what = f"gradient norm at step {norm_step} (the training loss was finite)"
-    return (f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
-            "Start again with a lower learning_rate, more warmup_iters or a grad_clip.")
+    return f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}."
+
+
+# what every divergence message ends with (a run started again here with another configuration is refused
+# by --init_from=auto and resume: that would mix two runs in one record)
+DIVERGED_ADVICE = ("Start again with a lower learning_rate, more warmup_iters or a grad_clip: in another out_dir, or "
+                   "here with --init_from=scratch --overwrite=True (this run's record is replaced).")
 
 
 def stop_diverged(message, step, what, first_step, value, ckpt_path, master):
     """Stop a run that diverged, with its message, once rank 0 has recorded it in the log (run_files.
     record_divergence): a diverged run is a result that study.py reports, not a crash. A record that cannot be
     written (a full disk) is said, and the run stops all the same."""
+    message = f"{message.rstrip('.')}. {DIVERGED_ADVICE}"
     if master:
         try:
             record_divergence(os.path.dirname(ckpt_path), step, what, first_step, value)
@@ -223,7 +229,7 @@ class SkippedSteps:
         if self.in_a_row >= MAX_SKIPPED_STEPS:
             stop_diverged(f"float16: {self.in_a_row} steps in a row had non-finite gradients and were skipped "
                           f"(loss scale now {self.scaler.get_scale():g}), up to step {step}: the run has diverged. "
-                          f"Stopped without saving; {kept_checkpoint(ckpt_path)}.", step, 'float16 gradients',
+                          f"Stopped without saving; {kept_checkpoint(ckpt_path)}", step, 'float16 gradients',
                           step - self.in_a_row + 1, f"{self.in_a_row} skipped steps in a row", ckpt_path, master)
 
     def log_fields(self):

@@ -205,6 +205,10 @@ def test_non_finite_loss_stops_without_saving(data_dir, tmp_path):
     record = divergence(out)
     assert record['value'] in ('nan', 'inf', '-inf') and record['step'] == 1, record
     assert f"non-finite {record['what']}" in p.stderr and f"at step {record['first_step']}" in p.stderr
+    # its advice, followed: a lower learning rate, here, replacing the diverged run
+    assert '--init_from=scratch --overwrite=True' in p.stderr
+    run_here(['--init_from=scratch', '--overwrite=True', '--eval_interval=1', '--max_iters=2'], data_dir, out)
+    assert divergence(out) is None and json.load(open(os.path.join(out, 'config.json')))['learning_rate'] == 3e-3
 
 
 def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path):
