@@ -257,7 +257,8 @@ def folder_problem(path, cfg):
 def check_folders(name, runs, cfgs, root, overwrite=False):
     """Before anything runs: one folder per entry, and every folder empty or holding its entry's run. A folder
     that holds another run (an entry edited after it ran, a folder shared with another plan) stops the study,
-    naming every such entry, unless --overwrite: then those runs are replaced. Returns the entries to replace."""
+    naming every such entry, unless --overwrite: then those runs are replaced. Returns {entry: its folder's
+    problem} of the entries to replace."""
     one_folder_each(name, runs, root)
     problems = {i: folder_problem(os.path.join(root, run.out_dir), cfg)
                 for i, (run, cfg) in enumerate(zip(runs, cfgs), 1)}
@@ -269,7 +270,7 @@ def check_folders(name, runs, cfgs, root, overwrite=False):
                          f"would be reported as the entry's, or refused half-way through the study:\n{listing}\n"
                          "Give such an entry a new out_dir in the plan (the old run stays), or run the same command "
                          "with --overwrite to replace those runs. Nothing was run.")
-    return set(problems)
+    return problems
 
 
 # -----------------------------------------------------------------------------
@@ -415,7 +416,7 @@ def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, re
             continue
         if stop.signal:
             break
-        print(f"{where}: {'replacing the run there' if i in replace else 'running'} (log: "
+        print(f"{where}: {f'replacing the run there (it {replace[i]})' if i in replace else 'running'} (log: "
               f"{os.path.join(path, 'train.out')})", flush=True)
         code = launch(run, root, launcher, extra, i, stop, replace=i in replace)
         if stop.signal or code == EXIT_STOPPED:
