@@ -242,7 +242,7 @@ def no_pair_reason(runs, groups, step=None):
         differ = [k for k in GROUP_KEYS if len({r['config'][k] for r in runs}) > 1]
         listing = '; '.join(f"{group_label(next(iter(next(iter(by_mode.values())).values()))['config'])}: "
                             f"{', '.join(sorted(by_mode))}" for by_mode in groups.values())
-        return (f"they differ in {', '.join(differ)} (" +
+        return (f"they differ in shape or budget (" +
                 ', '.join(f"{k} {sorted({r['config'][k] for r in runs})}" for k in differ) +
                 f"), and a pair needs the same {', '.join(GROUP_KEYS)}. The groups: {listing}")
     by_mode = next(iter(groups.values()))

@@ -220,7 +220,7 @@ def test_routing_table_shows_the_runs_whose_two_routes_separated():
 @pytest.mark.parametrize('second, said', [
     (('attnres_s2', 'attnres', 2, 3.3, {}), "the seed differs: attnres has seeds [2], standard has [1]"),
     (('rd_s1', 'rd_attnres', 1, 3.3, {}), "their residual modes (rd_attnres, standard) hold no arm and its parent"),
-    (('attnres_s1', 'attnres', 1, 3.3, dict(steps=(0, 50))), "they differ in max_iters (max_iters [50, 100])"),
+    (('attnres_s1', 'attnres', 1, 3.3, dict(steps=(0, 50))), "they differ in shape or budget (max_iters [50, 100])"),
 ])
 def test_no_complete_pair_says_which_key_keeps_the_runs_apart(tmp_path, second, said):
     root = str(tmp_path)
