@@ -24,7 +24,8 @@ import sys
 
 from model import ATTENTION_ROUTES
 from run_kit.common import FROZEN_ON_RESUME
-from run_kit.run_files import LOG, RunFileError, atomic_write, logged_evals, read_config, read_log
+from run_kit.run_files import (LOG, RunFileError, atomic_write, describe_divergence, divergence_of, logged_evals,
+                               read_config, read_log)
 
 # ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
@@ -126,7 +127,7 @@ def load_run(path):
         raise NotARun(str(e)) from None
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=logged_evals(rows),
-                hashes=hashes)
+                hashes=hashes, diverged=divergence_of(rows))
 
 
 def load_runs(paths):
@@ -205,6 +206,57 @@ def compare(runs, step=None, extra_pairs=()):
                                     step=step if step is not None else first['max_iters'],
                                     pairs=rows, skipped_seeds=skipped, **paired_stats([r['delta'] for r in rows])))
     return results, groups, refused
+
+
+def pairs_of(run, groups, extra_pairs=()):
+    """The other runs that `run` is paired with (as arm or as base, same shape, budget and seed):
+    [(arm, base, the other run's path)]."""
+    config = run['config']
+    by_mode = groups.get(tuple(config[k] for k in GROUP_KEYS), {})
+    out = []
+    for arm, base in list(PARENT.items()) + list(extra_pairs):
+        other = base if arm == config['residual'] else arm if base == config['residual'] else None
+        partner = by_mode.get(other, {}).get(config['seed']) if other else None
+        if partner is not None and partner['path'] != run['path']:
+            out.append((arm, base, partner['path']))
+    return out
+
+
+def diverged_lines(runs, groups, extra_pairs=()):
+    """A line per diverged run (train.py recorded it: run_files.record_divergence), with the pairs it breaks:
+    Markdown list items, or ''."""
+    lines = []
+    for run in runs:
+        if run.get('diverged'):
+            broken = pairs_of(run, groups, extra_pairs)
+            lines.append(f"- {run['path']} ({run['config']['residual']}, seed {run['config']['seed']}): "
+                         f"{describe_divergence(run['diverged'])}; " +
+                         ("breaks the pairs " + ', '.join(f"{a} vs {b} (with {p})" for a, b, p in broken)
+                          if broken else "in no pair of these runs"))
+    return '\n'.join(lines) + '\n' if lines else ''
+
+
+def no_pair_reason(runs, groups, step=None):
+    """Why runs that form no complete pair do not (the key that keeps them apart), for the message."""
+    if len(groups) > 1:
+        differ = [k for k in GROUP_KEYS if len({r['config'][k] for r in runs}) > 1]
+        listing = '; '.join(f"{group_label(next(iter(next(iter(by_mode.values())).values()))['config'])}: "
+                            f"{', '.join(sorted(by_mode))}" for by_mode in groups.values())
+        return (f"they differ in shape or budget (" +
+                ', '.join(f"{k} {sorted({r['config'][k] for r in runs})}" for k in differ) +
+                f"), and a pair needs the same {', '.join(GROUP_KEYS)}. The groups: {listing}")
+    by_mode = next(iter(groups.values()))
+    pairs = [(a, p) for a, p in PARENT.items() if a in by_mode and p in by_mode]
+    if not pairs:
+        return (f"their residual modes ({', '.join(sorted(by_mode))}) hold no arm and its parent "
+                f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())})")
+    a, p = pairs[0]
+    if not set(by_mode[a]) & set(by_mode[p]):
+        return (f"the seed differs: {a} has seeds {sorted(by_mode[a])}, {p} has {sorted(by_mode[p])}, and a pair "
+                "is an arm and its parent with the same seed")
+    return ("no pair is evaluated at the step compared in both runs" +
+            (f" ({step})" if step is not None else " (max_iters: use --step for runs in progress)") +
+            ", or the pairs were refused (listed above)")
 
 
 def markdown(results):
@@ -389,17 +441,13 @@ def main(argv=None):
     if refused:
         print(f"### Refused ({len(refused)} runs left out of every table above)\n")
         print('\n'.join(f"- {path}: {reason}" for path, reason in refused) + '\n')
+    diverged = diverged_lines(runs, groups, extra)
+    if diverged:
+        print(f"### Diverged (kept as results: no evaluation at the last step)\n\n{diverged}")
     if skipped:
         print(f"### Skipped ({len(skipped)} paths that are not runs)\n\n" + skipped_lines(skipped))
-    if not results and len(groups) > 1:
-        listing = '; '.join(f"{group_label(next(iter(next(iter(by_mode.values())).values()))['config'])}: "
-                            f"{', '.join(sorted(by_mode))}" for by_mode in groups.values())
-        raise SystemExit(f"found {len(runs)} runs but no complete pair: they differ in shape or budget, and a pair "
-                         f"needs the same ({', '.join(GROUP_KEYS)}). The groups: {listing}")
     if not results:
-        raise SystemExit(f"found {len(runs)} runs but no complete pair: a pair is an arm and its parent "
-                         f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())}) with the same seed and shape, "
-                         "both evaluated at the step compared (use --step for runs in progress)")
+        raise SystemExit(f"found {len(runs)} runs but no complete pair: {no_pair_reason(runs, groups, args.step)}")
     if args.json:
         write_json(args.json, results)
     if args.plot:

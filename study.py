@@ -15,14 +15,20 @@ arm before seed 2, so that a study stopped anywhere has complete pairs. `run` st
     LAUNCHER train.py CONFIG --seed=S --out_dir=DIR --init_from=auto OVERRIDES
 
 and so skips a finished run (without starting it), continues an interrupted one from its checkpoint,
-and starts a new one. A failed run stops the study with a message naming it and its log (DIR/train.out).
+and starts a new one. A run counts as the entry's only if its config.json has the entry's configuration
+(ENTRY_KEYS): a folder holding another run (an entry edited after it ran) stops the study before anything
+runs, naming the entries, folders and keys (--overwrite replaces those runs). A run that diverges is a
+result: recorded in its folder, kept on later runs of the study (--retrain_diverged runs it again), listed
+in the report with the pairs it breaks, and the study goes on with the other entries. Any other failed
+run stops the study with a message naming it and its log (DIR/train.out).
 SIGTERM, SIGUSR1 or Ctrl-C stop the study: the run in progress is told (SIGTERM), writes a checkpoint at
 its next log step and exits, and the study exits with code 75; the same command carries on. At the end,
 compare.py's paired tables of every run of the plan are written to one report file. A plan can also be
 a JSON file: a list of {"config", "seed", "out_dir", "overrides"} objects. Before anything runs, every
 entry is read as train.py will read it: a key a plan entry does not have, an override train.py does not
 know (or of the wrong type), one of the runner's own keys in overrides, or two entries with one out_dir
-refuse the plan, naming the entry.
+refuse the plan, naming the entry, and so do two entries whose out_dirs are one folder on this file
+system (a link) or on a case-insensitive one (names that differ only in case).
 """
 
 import argparse
@@ -39,9 +45,9 @@ import sys
 from dataclasses import dataclass, field
 
 from configurator import configure
-from run_kit.common import MODEL_KEYS
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, is_finished,
-                               killed_before_first_checkpoint, read_config, read_log)
+from run_kit.common import FROZEN_ON_RESUME, MODEL_KEYS, schedule_length
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
+                               existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -49,6 +55,11 @@ MORE_SEEDS = [6, 7, 8, 9, 10]   # the third set's seeds 6-10: its ten pairs (doc
 EXTRA_PAIRS = [('rd_attnres', 'ctrl_heads')]   # compared side by side beyond each arm vs its parent
 PLAN_KEYS = ('config', 'seed', 'out_dir', 'overrides')   # an entry of a JSON plan
 RUNNER_KEYS = ('--seed', '--out_dir', '--init_from')     # what Run.argv sets itself: not for overrides
+# What a folder's run must agree on with its entry to be that entry's run: what its numbers mean (the frozen
+# keys a plan can set; data_id and dtype_resolved are found when the run starts) and its budget. Not where or
+# how it ran (out_dir, data_dir, device, batch_size, compile, ...), which a resume may change, nor what
+# train.py adds to config.json (git_commit, torch_version, world_size, ...).
+ENTRY_KEYS = tuple(k for k in FROZEN_ON_RESUME if k not in ('data_id', 'dtype_resolved')) + ('max_iters', 'dtype')
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,11 @@ class Run:
     out_dir: str                   # relative to the study's root (--root)
     overrides: tuple = field(default=())   # --key=value, after the config file
 
-    def argv(self, root, extra=()):
-        """train.py's arguments for this run."""
+    def argv(self, root, extra=(), replace=False):
+        """train.py's arguments for this run; replace: the run in its folder is another one, to be replaced."""
+        start = ['--init_from=scratch', '--overwrite=True'] if replace else ['--init_from=auto']
         return [os.path.join(HERE, 'train.py'), os.path.join(HERE, self.config), f'--seed={self.seed}',
-                f'--out_dir={os.path.join(root, self.out_dir)}', '--init_from=auto', *self.overrides, *extra]
+                f'--out_dir={os.path.join(root, self.out_dir)}', *start, *self.overrides, *extra]
 
 
 # -----------------------------------------------------------------------------
@@ -190,6 +202,77 @@ def configs(name, runs, root, extra):
     return out
 
 
+def one_folder_each(name, runs, root):
+    """Two entries whose out_dirs are one folder on this file system (a link, or names that differ only in
+    case: one folder on a case-insensitive file system, macOS's or Windows' by default) would be one run: the
+    second "done already", never trained, and reported as a second run of the first. Refused, before anything
+    runs, wherever the plan is run (a plan that works on Linux must not lose runs on a Mac)."""
+    names, inodes = {}, {}
+    for i, run in enumerate(runs, 1):
+        given = os.path.join(root, run.out_dir)
+        path = os.path.realpath(given)   # links resolved, also in the folders above it (which may not exist yet)
+        why = None
+        if os.path.exists(given):        # a folder that exists: its inode (a link, a bind mount)
+            st = os.stat(given)
+            j = inodes.setdefault((st.st_dev, st.st_ino), (i, given))
+            why = f"{j[1]} and {given}, one folder on this file system (the same inode)" if j[0] != i else None
+        if why is None:
+            j = names.setdefault(path.casefold(), (i, path))
+            if j[0] != i:
+                why = (f"one folder ({path})" if j[1] == path else f"{j[1]} and {path}, names that differ only in "
+                       "case: one folder on a case-insensitive file system (macOS, Windows)")
+        if why:
+            raise SystemExit(f"{name}: entries {j[0]} ({runs[j[0] - 1].out_dir}) and {i} ({run.out_dir}) resolve to "
+                             f"{why}: the second would be taken as the first's run, never trained. Give each entry its "
+                             "own out_dir. Nothing was run.")
+
+
+def entry_diff(saved, cfg):
+    """{key: (the folder's value, the entry's)} of the ENTRY_KEYS where a folder's config.json (a key it lacks,
+    written by an older train.py: that key's default) and the entry's configuration differ."""
+    from train import DEFAULTS
+    want = dict(cfg, lr_decay_iters=schedule_length(cfg))
+    have = {k: saved.get(k, DEFAULTS.get(k)) for k in ENTRY_KEYS}
+    return {k: (have[k], want[k]) for k in ENTRY_KEYS if have[k] != want[k]}
+
+
+def folder_problem(path, cfg):
+    """Why the run in an entry's folder is not (the beginning of) that entry's run, or None: the folder is
+    empty, or holds a run of the entry's configuration, finished or not."""
+    found = existing_run(path) if os.path.isdir(path) else []
+    if not found:
+        return None
+    try:
+        saved = read_config(path)
+    except RunFileError as e:
+        return f"holds files of a run ({', '.join(found)}) but {e}"
+    diff = entry_diff(saved, cfg)
+    if not diff:
+        return None
+    what = 'finished run' if is_finished(path) else 'run'
+    return (f"holds a {what} of another configuration: " +
+            ', '.join(f"{k} {a!r} there, {b!r} in the plan" for k, (a, b) in diff.items()))
+
+
+def check_folders(name, runs, cfgs, root, overwrite=False):
+    """Before anything runs: one folder per entry, and every folder empty or holding its entry's run. A folder
+    that holds another run (an entry edited after it ran, a folder shared with another plan) stops the study,
+    naming every such entry, unless --overwrite: then those runs are replaced. Returns {entry: its folder's
+    problem} of the entries to replace."""
+    one_folder_each(name, runs, root)
+    problems = {i: folder_problem(os.path.join(root, run.out_dir), cfg)
+                for i, (run, cfg) in enumerate(zip(runs, cfgs), 1)}
+    problems = {i: p for i, p in problems.items() if p}
+    if problems and not overwrite:
+        listing = '\n'.join(f"  entry {i} ({runs[i - 1].config} seed {runs[i - 1].seed} -> "
+                            f"{os.path.join(root, runs[i - 1].out_dir)}): {p}" for i, p in problems.items())
+        raise SystemExit(f"study {name}: {len(problems)} of its folders hold a run that is not their entry's; it "
+                         f"would be reported as the entry's, or refused half-way through the study:\n{listing}\n"
+                         "Give such an entry a new out_dir in the plan (the old run stays), or run the same command "
+                         "with --overwrite to replace those runs. Nothing was run.")
+    return problems
+
+
 # -----------------------------------------------------------------------------
 # Progress and the time estimate
 
@@ -235,12 +318,19 @@ def dry_run(name, root, args, extra):
     total = pending = 0.0
     print(f"{len(runs)} runs; time estimated from FLOPs at {gpus} x {peak / 1e12:g} TFLOP/s x {100 * mfu:g}% MFU "
           "(an estimate, not a measurement; --gpus, --peak_flops, --mfu change it)")
+    one_folder_each(name, runs, root)
     for i, (run, cfg) in enumerate(zip(runs, cfgs), 1):
         path = os.path.join(root, run.out_dir)
         seconds = run_flops(cfg) / (gpus * peak * mfu)
         total += seconds
-        if is_finished(path):
+        problem, diverged = folder_problem(path, cfg), divergence(path)
+        if problem:
+            pending += seconds
+            state = f"refused: {problem} (a new out_dir, or --overwrite replaces it)"
+        elif is_finished(path):
             state = 'done'
+        elif diverged:
+            state = f"diverged ({describe_divergence(diverged)}): kept as a result (--retrain_diverged runs it again)"
         else:
             pending += seconds
             state = run_state(path)
@@ -279,11 +369,11 @@ def run_env(root):
     return env
 
 
-def launch(run, root, launcher, extra, index, stop):
+def launch(run, root, launcher, extra, index, stop, replace=False):
     """Run one run to its end (or its checkpoint after a signal); its output is appended to train.out."""
     path = os.path.join(root, run.out_dir)
     os.makedirs(path, exist_ok=True)
-    cmd = shlex.split(launcher.replace('{index}', str(index))) + run.argv(root, extra)
+    cmd = shlex.split(launcher.replace('{index}', str(index))) + run.argv(root, extra, replace)
     with open(os.path.join(path, 'train.out'), 'a') as out:
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
@@ -320,23 +410,33 @@ def tail(path, n=15):
         return ''
 
 
-def run_plan(name, root, launcher, extra, report_after=True):
+def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, retrain_diverged=False):
     runs, report_file, _ = load_plan(name)
-    configs(name, runs, root, extra)
-    stop = Stop()
+    replace = check_folders(name, runs, configs(name, runs, root, extra), root, overwrite)
+    stop, diverged = Stop(), []
     for i, run in enumerate(runs, 1):
         path = os.path.join(root, run.out_dir)
         where = f"[{i}/{len(runs)}] {run.config} seed {run.seed} {' '.join(run.overrides)} -> {path}"
-        if is_finished(path):
+        if i not in replace and is_finished(path):
             print(f"{where}: done already", flush=True)
             export_final(path)
             continue
+        if i not in replace and divergence(path) and not retrain_diverged:
+            print(f"{where}: diverged already ({describe_divergence(divergence(path))}): kept as a result "
+                  "(--retrain_diverged runs it again)", flush=True)
+            diverged.append(where)
+            continue
         if stop.signal:
             break
-        print(f"{where}: running (log: {os.path.join(path, 'train.out')})", flush=True)
-        code = launch(run, root, launcher, extra, i, stop)
+        print(f"{where}: {f'replacing the run there (it {replace[i]})' if i in replace else 'running'} (log: "
+              f"{os.path.join(path, 'train.out')})", flush=True)
+        code = launch(run, root, launcher, extra, i, stop, replace=i in replace)
         if stop.signal or code == EXIT_STOPPED:
             stopped(where, stop.signal, path)
+        if code != 0 and divergence(path):   # a result: recorded in its folder, the study goes on
+            print(f"{where}: diverged ({describe_divergence(divergence(path))}); the study goes on", flush=True)
+            diverged.append(where)
+            continue
         if code != 0 or not is_finished(path):
             log = os.path.join(path, 'train.out')
             print(tail(log), file=sys.stderr)
@@ -345,7 +445,13 @@ def run_plan(name, root, launcher, extra, report_after=True):
         export_final(path)
     if stop.signal:
         stopped('between two runs', stop.signal, root)
-    print(f"study {name}: all {len(runs)} runs finished", flush=True)
+    if diverged:
+        print(f"study {name}: {len(runs) - len(diverged)} of {len(runs)} runs finished, {len(diverged)} diverged "
+              f"(kept as results; the report lists them with the pairs they break):\n  " + '\n  '.join(diverged) +
+              "\nTo run one again: change its entry in the plan (a lower learning_rate, more warmup_iters) and run "
+              "with --overwrite, or give it a new out_dir; --retrain_diverged runs it again as it is.", flush=True)
+    else:
+        print(f"study {name}: all {len(runs)} runs finished", flush=True)
     if report_after:
         report(name, root)
     return 0
@@ -379,12 +485,15 @@ def report(name, root='.', plots=True):
         loaded = [dict(r, path=os.path.relpath(r['path'], root)) for r in loaded]
         skipped = [(os.path.relpath(p, root), why) for p, why in skipped]
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
-        sections.append(f"## {folder}\n")
+        sections.append(f"## {folder or '. (the root)'}\n")   # (an out_dir without a folder: never an empty heading)
         sections.append(compare.markdown(results) if results else "(no complete pair yet)\n")
         routing = compare.routing_table(loaded)
         if routing:
             sections.append(routing)
         sections.append(intervene.report_section(root, folder, paths))   # ('' where no run has two routes)
+        diverged = compare.diverged_lines(loaded, groups, EXTRA_PAIRS)
+        if diverged:
+            sections.append("Diverged (kept as results: no evaluation at the last step):\n" + diverged)
         if refused:
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
         if skipped:
@@ -452,6 +561,12 @@ def main(argv):
     run_ap.add_argument('--peak_flops', type=float, help='for the estimate: peak FLOP/s of one (paper: 989e12, H100 SXM bf16)')
     run_ap.add_argument('--mfu', type=float, help='for the estimate: the model FLOPs utilisation assumed (paper: 0.4)')
     run_ap.add_argument('--no_report', action='store_true', help='do not write the report at the end (e.g. on nodes > 0)')
+    run_ap.add_argument('--overwrite', action='store_true',
+                        help="replace the runs in folders that hold another configuration than their entry's "
+                             "(without it, the study lists them and stops before anything runs)")
+    run_ap.add_argument('--retrain_diverged', action='store_true',
+                        help="run the entries whose run diverged again (from their last checkpoint); without it "
+                             "a diverged run is kept as a result")
     sub.choices['report'].add_argument('--no_plots', action='store_true')
     sub.add_parser('corpus', help="build the CPU study's corpus from Debian's packages")
     args = ap.parse_args(argv)
@@ -468,7 +583,8 @@ def main(argv):
     if args.dry_run:
         dry_run(args.plan, root, args, extra)
         return 0
-    return run_plan(args.plan, root, args.launcher, extra, report_after=not args.no_report)
+    return run_plan(args.plan, root, args.launcher, extra, report_after=not args.no_report, overwrite=args.overwrite,
+                    retrain_diverged=args.retrain_diverged)
 
 
 if __name__ == '__main__':

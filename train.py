@@ -36,7 +36,8 @@ from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_
                             windows_hash)
 from run_kit.routing import routing_log
 from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
-                                 leave_process_group, ranks_agree, should_stop, start_processes, validate, wrap_ddp)
+                                 leave_process_group, note_nonfinite, ranks_agree, should_stop, start_processes,
+                                 stop_diverged, validate, wrap_ddp)
 from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
 from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
@@ -217,10 +218,8 @@ def train_step(step, run, data, rank_windows):
         scaler.scale(loss).backward()     # float16: scaled up so that small gradients do not underflow
     scaler.unscale_(optimizer)            # (these scaler calls do nothing unless float16)
     norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg['grad_clip'] or float('inf'))
-    # the divergence guard, on the device: the first step whose loss / gradient norm was non-finite.
-    # (With float16 a non-finite norm is the scaler's business: it skips the step.)
-    bad = torch.stack([~torch.isfinite(loss_sum), ~torch.isfinite(norm) & (not scaler.is_enabled())])
-    run.first_nonfinite.copy_(torch.where(bad & (run.first_nonfinite < 0), step, run.first_nonfinite))
+    # the divergence guard, on the device: the first non-finite loss / norm (float16: a norm is the scaler's business)
+    note_nonfinite(run.first_nonfinite, step, loss_sum, norm, scaler.is_enabled())
     if scaler.is_enabled():
         scaler.step(optimizer)            # skipped if the gradients overflowed
         scaler.update()                   # ... and then the scale is halved
@@ -249,7 +248,7 @@ class Run:
     val_data: object
     val_batches: list
     routing_windows: list
-    first_nonfinite: torch.Tensor   # (loss, norm): the first step each went non-finite on this rank, -1 = never
+    first_nonfinite: torch.Tensor   # (loss, norm) steps, then values: the first non-finite on this rank, -1 = never
 
     def evaluate_log_save(self, step, best_val, checkpoint, resumed):
         """Evaluate at `step`; checkpoint if asked (after the ranks have checked that nothing diverged);
@@ -257,9 +256,10 @@ class Run:
         cfg, master = self.cfg, self.proc.master
         val_loss, routing = evaluate(self.for_eval, self.raw_model, self.val_data, self.val_batches,
                                      self.routing_windows, cfg, self.proc, self.ctx)
-        if not math.isfinite(val_loss):
-            fail(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
-                 f"{kept_checkpoint(self.record.ckpt_path)}", master)
+        if not math.isfinite(val_loss):   # (recorded in the log as a divergence: a result, for study.py)
+            stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
+                          f"{kept_checkpoint(self.record.ckpt_path)}", step, 'validation loss', step, str(val_loss),
+                          self.record.ckpt_path, master)
         if master:
             print(f"step {step}: val loss {val_loss:.4f}" + (' (eval_only: nothing trained or saved)'
                                                              if cfg['eval_only'] else ''), flush=True)
@@ -312,7 +312,7 @@ def start_run(cfg, proc):
     run = Run(cfg, proc, ctx, raw_model, model, wrap_ddp(model, proc), optimizer, scaler, record, val_data,
               eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
               list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing diagnostics: the first validation batch
-              torch.full((2,), -1, dtype=torch.int64, device=proc.device))
+              torch.full((4,), -1, dtype=torch.int64, device=proc.device))
     if proc.master:
         print_run_summary(cfg, raw_model, grad_accum, proc, dt_name, len(train_data), n_eval, step)
     return run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval)

@@ -17,7 +17,7 @@ import torch
 
 from run_kit.common import check_device, model_problems, resolve_device, resolve_dtype, schedule_length
 from run_kit.run_dir import fail
-from run_kit.run_files import CHECKPOINT, kept_checkpoint
+from run_kit.run_files import CHECKPOINT, kept_checkpoint, record_divergence
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
 # workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
@@ -149,27 +149,63 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
+# how a non-finite value is kept on the device (an int64 flag, so that the ranks can all-reduce it with MAX)
+NONFINITE = ('nan', 'inf', '-inf')
+
+
+def note_nonfinite(flags, step, loss, norm, fp16):
+    """The divergence guard, on the device, without a read-back: flags is (loss step, norm step, loss value,
+    norm value), the first step each went non-finite on this rank and its value (an index into NONFINITE),
+    -1 = never. With float16 a non-finite norm is the GradScaler's business: it skips the step."""
+    values = torch.stack([loss.detach().float(), norm.detach().float()])
+    bad = torch.stack([~torch.isfinite(values[0]), ~torch.isfinite(values[1]) & (not fp16)])
+    kind = torch.where(torch.isnan(values), 0, torch.where(values > 0, 1, 2))
+    new = bad & (flags[:2] < 0)
+    flags.copy_(torch.cat([torch.where(new, step, flags[:2]), torch.where(new, kind, flags[2:])]))
+
+
 def divergence_message(loss_step, norm_step, step, ckpt_path):
-    """What went non-finite first (-1 = never), and what to do about it."""
+    """What went non-finite first (-1 = never), and what is kept."""
     if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
         what = f"training loss at step {loss_step}"
     else:
         what = f"gradient norm at step {norm_step} (the training loss was finite)"
-    return (f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}. "
-            "Start again with a lower learning_rate, more warmup_iters or a grad_clip.")
+    return f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}."
+
+
+# what every divergence message ends with (a run started again here with another configuration is refused
+# by --init_from=auto and resume: that would mix two runs in one record)
+DIVERGED_ADVICE = ("Start again with a lower learning_rate, more warmup_iters or a grad_clip: in another out_dir, or "
+                   "here with --init_from=scratch --overwrite=True (this run's record is replaced).")
+
+
+def stop_diverged(message, step, what, first_step, value, ckpt_path, master):
+    """Stop a run that diverged, with its message, once rank 0 has recorded it in the log (run_files.
+    record_divergence): a diverged run is a result that study.py reports, not a crash. A record that cannot be
+    written (a full disk) is said, and the run stops all the same."""
+    message = f"{message.rstrip('.')}. {DIVERGED_ADVICE}"
+    if master:
+        try:
+            record_divergence(os.path.dirname(ckpt_path), step, what, first_step, value)
+        except SystemExit as e:
+            message += f" (The divergence could not be recorded in the log: {e})"
+    fail(message, master)
 
 
 def should_stop(first_nonfinite, stop_requested, step, ckpt_path, proc):
     """The ranks agree, in one all-reduce and one read-back at a step where the loop reads the device
     anyway: stop with a message if a loss or gradient norm went non-finite on any rank (first_nonfinite:
-    the first step it happened on this rank, -1 = never), and return whether any rank was asked to stop
-    by a signal (then all of them stop at this same step)."""
+    note_nonfinite's flags), recorded in the log, and return whether any rank was asked to stop by a signal
+    (then all of them stop at this same step)."""
     flags = torch.cat([first_nonfinite, first_nonfinite.new_tensor([int(stop_requested)])])
     if proc.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    loss_step, norm_step, stop = flags.tolist()
+    loss_step, norm_step, loss_value, norm_value, stop = flags.tolist()
     if loss_step >= 0 or norm_step >= 0:
-        fail(divergence_message(loss_step, norm_step, step, ckpt_path), proc.master)
+        loss_first = loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step)
+        stop_diverged(divergence_message(loss_step, norm_step, step, ckpt_path), step,
+                      'training loss' if loss_first else 'gradient norm', loss_step if loss_first else norm_step,
+                      NONFINITE[loss_value if loss_first else norm_value], ckpt_path, proc.master)
     return stop > 0
 
 
@@ -214,9 +250,10 @@ class SkippedSteps:
         self.in_a_row = self.in_a_row + 1 if skipped else 0
         self.since_log += skipped
         if self.in_a_row >= MAX_SKIPPED_STEPS:
-            fail(f"float16: {self.in_a_row} steps in a row had non-finite gradients and were skipped "
-                 f"(loss scale now {self.scaler.get_scale():g}), up to step {step}: the run has diverged. Stopped "
-                 f"without saving; {kept_checkpoint(ckpt_path)}.", master)
+            stop_diverged(f"float16: {self.in_a_row} steps in a row had non-finite gradients and were skipped "
+                          f"(loss scale now {self.scaler.get_scale():g}), up to step {step}: the run has diverged. "
+                          f"Stopped without saving; {kept_checkpoint(ckpt_path)}", step, 'float16 gradients',
+                          step - self.in_a_row + 1, f"{self.in_a_row} skipped steps in a row", ckpt_path, master)
 
     def log_fields(self):
         """The float16 columns of a log row (and the count restarts)."""

@@ -200,6 +200,19 @@ def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it=True):
     return ckpt['step'], ckpt['best_val_loss'], resumed
 
 
+def world_sizes(before, step, world):
+    """The numbers of processes a run has trained on, [{step, world_size}, ...] from the step each began: the
+    resumed run's list (config.json of a run written before there was one: its world_size, from step 0), with
+    this one added if it differs. A checkpoint of 2 processes resumed on 1 trains the same batches (the data
+    order does not depend on it), but its timings and its numerics (the order of reductions) do."""
+    sizes = list((before or {}).get('world_sizes') or
+                 ([dict(step=0, world_size=before['world_size'])] if isinstance((before or {}).get('world_size'), int)
+                  else []))
+    if not sizes or sizes[-1].get('world_size') != world:
+        sizes.append(dict(step=step, world_size=world))
+    return sizes
+
+
 def git_commit():
     try:
         return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=5,
@@ -227,6 +240,7 @@ class RunRecord:
             self.tracker = start_wandb(self.cfg, resumed)
         write_config(self.cfg['out_dir'], dict(
             self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=proc.world,
+            world_sizes=world_sizes(saved_config(self.cfg['out_dir']) if resumed else None, step, proc.world),
             device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device, **meta))
 
     def rewind(self, step):

@@ -276,7 +276,39 @@ def read_log(path):
             raise SystemExit(f"{path}, line {number}: not a row of train.py's log (a JSON object with a step); "
                              "fix or remove that line")
         rows.append(row)
+    disorder = log_disorder(rows)
+    if disorder:
+        warnings.warn(f"{path}: {disorder}. Where a step has two rows of one kind, readers take the later one "
+                      "(a log written by one train.py never has such rows: was it edited, or two logs joined?)")
     return rows
+
+
+def log_kind(row):
+    """What a log row is: 'train' (a log step), 'eval', 'eval_only' or 'diverged'."""
+    if 'diverged' in row:
+        return 'diverged'
+    if 'val_loss' in row:
+        return 'eval_only' if row.get('eval_only') else 'eval'
+    return 'train'
+
+
+def log_disorder(rows):
+    """What is out of order or repeated in a log's rows ('' if nothing), line numbers counted over the rows. A
+    log step's row and its evaluation's share a step; an eval_only row evaluates a checkpoint that may be older
+    than the last logged step: neither is out of order."""
+    said, last, seen = [], None, {}
+    for number, row in enumerate(rows, 1):
+        kind = log_kind(row)
+        if kind == 'eval_only':
+            continue
+        if (row['step'], kind) in seen:
+            said.append(f"step {row['step']} has two {kind} rows (rows {seen[row['step'], kind]} and {number})")
+        elif last is not None and row['step'] < last[0]:
+            said.append(f"row {number} (step {row['step']}) comes after step {last[0]} (row {last[1]}): out of order")
+        seen[row['step'], kind] = number
+        if last is None or row['step'] >= last[0]:
+            last = (row['step'], number)
+    return '; '.join(said[:3]) + (f" (and {len(said) - 3} more)" if len(said) > 3 else '')
 
 
 def repair_log(path):
@@ -328,6 +360,35 @@ def rewind_log(path, step):
         raise write_failed(path, e, f"{LOG} is as it was") from None
 
 
+def record_divergence(out_dir, step, what, first_step, value):
+    """A diverged run is a result: its log ends in a row that says so (what went non-finite, at which step
+    first, its value), appended at the step it was noticed. A resume rewinds it away with what came after
+    the checkpoint, as any row past the checkpoint (a diverged run stops without saving)."""
+    append_log(os.path.join(out_dir, LOG), dict(step=step, diverged=dict(what=what, first_step=first_step,
+                                                                        value=value)))
+
+
+def divergence(out_dir):
+    """The record of out_dir's run if it diverged (the last row of its log says so): {step, what, first_step,
+    value}; else None."""
+    try:
+        return divergence_of(read_log(os.path.join(out_dir, LOG)))
+    except (OSError, SystemExit):
+        return None
+
+
+def divergence_of(rows):
+    """divergence() of a log's rows."""
+    if not rows or not isinstance(rows[-1].get('diverged'), dict):
+        return None
+    return dict(rows[-1]['diverged'], step=rows[-1]['step'])
+
+
+def describe_divergence(d):
+    return (f"non-finite {d.get('what')} ({d.get('value')}) at step {d.get('first_step')}, noticed at step "
+            f"{d.get('step')}")
+
+
 def logged_evals(rows):
     """{step: row} of the validation losses of training in log rows (an eval_only row is not one)."""
     return {r['step']: r for r in rows if 'val_loss' in r and not r.get('eval_only')}
@@ -351,13 +412,14 @@ def is_finished(out_dir):
 
 
 def killed_before_first_checkpoint(out_dir, config):
-    """Whether out_dir's log is only the beginning of a run (of `config`) killed before its first checkpoint:
-    no step logged at or past the step of its first checkpoint (its first evaluation, or max_iters). Such
-    a run can start again from scratch without losing anything trained."""
+    """Whether out_dir's log is only the beginning of a run (of `config`) killed (or stopped by a full disk or a
+    divergence) before its first checkpoint: no step logged past the step of its first checkpoint (its first
+    evaluation, or max_iters), and no evaluation at that step. Such a run can start again from scratch without
+    losing anything trained."""
     try:
-        steps = [r['step'] for r in read_log(os.path.join(out_dir, LOG))]
+        rows = read_log(os.path.join(out_dir, LOG))
     except FileNotFoundError:
-        steps = []
+        rows = []
     except (OSError, SystemExit):
         return False
     try:
@@ -365,7 +427,9 @@ def killed_before_first_checkpoint(out_dir, config):
             min(config['eval_interval'], config['max_iters'])
     except (KeyError, TypeError):
         return False
-    return all(s < first for s in steps)
+    # At the first checkpoint's step the training row (and a divergence's row) is logged before the save, the
+    # evaluation's row only after it: without that row, the save failed (a full disk) or never came.
+    return all(r['step'] < first or (r['step'] == first and 'val_loss' not in r) for r in rows)
 
 
 # -----------------------------------------------------------------------------
@@ -423,15 +487,24 @@ def set_rng_states(states):
 
 
 def tensor_bytes(obj):
-    """The bytes of all tensors in a nested structure: about the size of its checkpoint file."""
+    """The bytes of all tensors in a nested structure, each storage counted once: about the size of its
+    checkpoint file. (torch.save writes a storage once however many tensors share it: the tied embedding
+    and output weights are one. Counted twice, a tiny model's 19.7 MB checkpoint "needed" 26 MB.)"""
     import torch
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
+    seen = {}
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            seen[(x.device, storage.data_ptr())] = storage.nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(obj)
+    return sum(seen.values())
 
 
 def save_checkpoint(obj, path):

@@ -215,3 +215,35 @@ def test_routing_table_shows_the_runs_whose_two_routes_separated():
             'last layer in 1 of the 1 rd_attnres runs above') in table
     assert ('- rd_attnres (8x128 (8 layers, d=128), 100 steps = 0.4M tokens): v reads shallower than qk at the '
             'last layer in 1 of the 3 rd_attnres runs above') in table
+
+
+@pytest.mark.parametrize('second, said', [
+    (('attnres_s2', 'attnres', 2, 3.3, {}), "the seed differs: attnres has seeds [2], standard has [1]"),
+    (('rd_s1', 'rd_attnres', 1, 3.3, {}), "their residual modes (rd_attnres, standard) hold no arm and its parent"),
+    (('attnres_s1', 'attnres', 1, 3.3, dict(steps=(0, 50))), "they differ in shape or budget (max_iters [50, 100])"),
+])
+def test_no_complete_pair_says_which_key_keeps_the_runs_apart(tmp_path, second, said):
+    root = str(tmp_path)
+    make_run(root, 'standard_s1', 'standard', 1, 3.4)
+    name, mode, seed, nll, more = second
+    make_run(root, name, mode, seed, nll, **more)
+    with pytest.raises(SystemExit) as e:
+        compare.main([os.path.join(root, '*')])
+    assert 'found 2 runs but no complete pair: ' + said in str(e.value), str(e.value)
+
+
+def test_a_diverged_run_is_listed_with_the_pairs_it_breaks(tmp_path, capsys):
+    root = str(tmp_path)
+    for seed in (1, 2):
+        make_run(root, f'standard_s{seed}', 'standard', seed, 3.4)
+        make_run(root, f'attnres_s{seed}', 'attnres', seed, 3.3)
+    log = os.path.join(root, 'attnres_s2', 'log.jsonl')
+    rows = [json.loads(line) for line in open(log)]
+    rows = [r for r in rows if r['step'] <= 50] + [dict(step=60, diverged=dict(what='training loss', first_step=57,
+                                                                                value='nan'))]
+    open(log, 'w').write(''.join(json.dumps(r) + '\n' for r in rows))
+    assert compare.main([os.path.join(root, '*')]) == 0
+    out = capsys.readouterr().out
+    assert '### Diverged' in out and 'non-finite training loss (nan) at step 57, noticed at step 60' in out
+    assert f"breaks the pairs attnres vs standard (with {os.path.join(root, 'standard_s2')})" in out
+    assert '(seeds [2] left out' in out

@@ -132,6 +132,9 @@ def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path, mo
     p = run_here(['--dtype=float16', '--fp16_init_scale=1e30', '--max_iters=40', '--lr_decay_iters=40',
                   '--eval_interval=2'], data_dir, out, expect_ok=False)
     assert p.returncode != 0 and '5 steps in a row' in p.stderr, p.stderr[-1500:]
+    record = run_files.divergence(out)      # a result, recorded (study.py reports it as diverged)
+    assert record['what'] == 'float16 gradients' and record['value'] == '5 skipped steps in a row', record
+    assert record['step'] - record['first_step'] == 4
     # skipped steps leave the weights as they were: what was saved before the stop is still good
     ckpt = run_files.load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert 0 < ckpt['step'] <= 5 and all(torch.isfinite(v).all() for v in ckpt['model'].values())

@@ -138,3 +138,16 @@ def test_the_signal_handlers_are_given_back(data_dir, tmp_path):
     before = {sig: signal.getsignal(sig) for sig in run_control.STOP_SIGNALS}
     train.main([*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}', '--max_iters=1'])
     assert {sig: signal.getsignal(sig) for sig in run_control.STOP_SIGNALS} == before
+
+
+def test_the_world_sizes_a_run_used_are_in_its_config(data_dir, tmp_path):
+    # 2 processes to a checkpoint, continued on 1: the same batches (the data order does not depend on the
+    # number of processes), and config.json says both, with the step each began at
+    out = str(tmp_path / 'run')
+    run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out, launcher=TORCHRUN)
+    assert run_files.read_config(out)['world_sizes'] == [dict(step=0, world_size=2)]
+    run_here(['--init_from=auto', '--lr_decay_iters=4'], data_dir, out)
+    config = run_files.read_config(out)
+    assert config['world_size'] == 1 and config['world_sizes'] == [dict(step=0, world_size=2), dict(step=2, world_size=1)]
+    run_here(['--init_from=auto', '--lr_decay_iters=4', '--max_iters=6', '--train_past_schedule=True'], data_dir, out)
+    assert run_files.read_config(out)['world_sizes'] == [dict(step=0, world_size=2), dict(step=2, world_size=1)]

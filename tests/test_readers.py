@@ -520,3 +520,48 @@ def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, 
     assert train_here(data_dir, out, '--init_from=auto', '--max_iters=4') == 0
     assert study.is_finished(str(out))
     assert json.loads(log.read_text().split('\n')[-2])['val_loss'] == json.loads(rows[-1])['val_loss']
+
+
+def test_a_full_disk_at_the_first_checkpoint_advises_what_then_works(data_dir, tmp_path):
+    # the log step's row at the first checkpoint's step is appended before the save that fails: auto must not
+    # take it for a run that got past a checkpoint that is gone (it refused, and only --overwrite got on)
+    out = str(tmp_path / 'run')
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+           '--init_from=auto']
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(2_000_000))
+    text = no_traceback(p)
+    assert 'could not write the checkpoint' in text and 'then continue with --init_from=auto' in text, text
+    assert 2 in logged_steps(out) and not os.path.exists(os.path.join(out, 'ckpt.pt'))
+    needed = float(text.split('needs about ')[1].split(' MB')[0])
+    run_here(['--init_from=auto'], data_dir, out)                     # room again: the advice, followed
+    assert study.is_finished(out) and sorted(logged_steps(out)) == [1, 2, 3, 4]
+    # what the message said a checkpoint needs is what it takes (the tied weights counted once)
+    assert abs(needed - os.path.getsize(os.path.join(out, 'ckpt.pt')) / 1e6) < 1, needed
+
+
+def test_a_refused_resume_carries_on_as_its_message_says(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    run_here(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
+    text = message_of(train_here, data_dir, out, '--init_from=resume', '--learning_rate=1e-3')
+    assert 'cannot resume' in text and "Use the checkpoint's values or another out_dir" in text
+    run_here(['--init_from=resume'], data_dir, out)                  # the checkpoint's values: it carries on
+    assert study.is_finished(out)
+    run_here(['--learning_rate=1e-3'], data_dir, str(tmp_path / 'other'))   # or another out_dir
+    assert study.is_finished(str(tmp_path / 'other'))
+
+
+@pytest.mark.parametrize('edit, said', [
+    (lambda rows: rows[:3] + rows[5:] + rows[3:5], 'out of order'),
+    (lambda rows: rows + rows[-2:-1], 'has two'),
+])
+def test_log_rows_out_of_order_or_repeated_are_a_warning(runs, tmp_path, edit, said):
+    out = copy_run(runs, 'finished', tmp_path)
+    log = out / 'log.jsonl'
+    lines = log.read_text().splitlines(keepends=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        run_files.read_log(str(log))                                 # the log as train.py wrote it: no warning
+    log.write_text(''.join(edit(lines)))
+    with pytest.warns(UserWarning, match=said):
+        rows = run_files.read_log(str(log))
+    assert len(rows) == len(edit(lines))                              # warned, nothing dropped

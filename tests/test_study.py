@@ -214,3 +214,149 @@ def test_slurm_script_runs_a_plan_through_torchrun(data_dir, tmp_path):
     run_dir = tmp_path / 'runs' / 'rd_attnres_s1'
     assert json.load(open(run_dir / 'config.json'))['world_size'] == 1 and study.is_finished(str(run_dir))
     assert 'torchrun' in (run_dir / 'train.out').read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# A study reports only what its plan asked for, and every piece of advice it prints works when followed
+
+def study_run(plan, root, data_dir, *more):
+    return subprocess.run(study_cmd(plan, root, data_dir, *more), capture_output=True, text=True, env=ENV,
+                          timeout=600)
+
+
+def config_of(path):
+    return json.load(open(os.path.join(path, 'config.json')))
+
+
+def test_a_folder_counts_as_done_only_for_the_entry_that_ran_there(data_dir, tmp_path):
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
+    assert study_run(plan, tmp_path, data_dir, '--no_report').returncode == 0
+    first = tmp_path / 'runs' / 'attnres_s1'
+    log_before = (first / 'log.jsonl').read_bytes()
+    # the entry edited after it ran, and a second entry added: refused before anything runs, naming the
+    # entry, its folder, the key, and the ways on
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1, '--learning_rate=0.0005'), ('rd_attnres', 1)])
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 1 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+    assert 'entry 1 (config/quickstart.py seed 1 -> ' in p.stderr and str(first) in p.stderr
+    assert "learning_rate 0.003 there, 0.0005 in the plan" in p.stderr and 'finished run' in p.stderr
+    assert 'a new out_dir' in p.stderr and '--overwrite' in p.stderr and 'Nothing was run' in p.stderr
+    assert not (tmp_path / 'runs' / 'rd_attnres_s1').exists() and (first / 'log.jsonl').read_bytes() == log_before
+    # --dry_run says the same of that entry (not "done")
+    p = subprocess.run([*study_cmd(plan, tmp_path, data_dir), '--dry_run'], capture_output=True, text=True,
+                       env=ENV, timeout=600)
+    assert p.returncode == 0 and 'rd_attnres_s1: to run' in p.stdout, p.stderr[-2000:]
+    assert 'attnres_s1: refused: holds a finished run of another configuration' in p.stdout
+    # the advice followed: --overwrite replaces that run, trains the other, and a rerun has nothing to do
+    p = study_run(plan, tmp_path, data_dir, '--no_report', '--overwrite')
+    assert p.returncode == 0 and 'all 2 runs finished' in p.stdout, p.stderr[-2000:]
+    assert 'replacing the run there' in p.stdout and config_of(first)['learning_rate'] == 0.0005
+    assert study.is_finished(str(first)) and study.is_finished(str(tmp_path / 'runs' / 'rd_attnres_s1'))
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and p.stdout.count('done already') == 2, p.stderr[-2000:]
+    # the other way on: a new out_dir for the edited entry, the old run left as it was
+    edited = json.load(open(plan))
+    edited[0]['overrides'].append('--learning_rate=0.001')
+    edited[0]['out_dir'] = 'runs/attnres_s1_lr1e-3'
+    open(plan, 'w').write(json.dumps(edited))
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and 'all 2 runs finished' in p.stdout, p.stderr[-2000:]
+    assert config_of(tmp_path / 'runs' / 'attnres_s1_lr1e-3')['learning_rate'] == 0.001
+    assert config_of(first)['learning_rate'] == 0.0005
+
+
+def test_the_committed_cpu_study_is_done_for_its_plan():
+    # config.json of these runs hold another machine's absolute out_dir, its git commit and torch version, and
+    # none of the keys train.py gained since: none of that is the entry's configuration
+    p = subprocess.run([sys.executable, os.path.join(HERE, 'study.py'), 'run', 'cpu', '--dry_run'],
+                       capture_output=True, text=True, env=ENV, timeout=600, cwd=HERE)
+    assert p.returncode == 0, p.stderr[-2000:]
+    entries = [line for line in p.stdout.splitlines() if ' -> study/runs/' in line]
+    assert len(entries) == len(study.cpu_plan()) and all(': done, ' in line for line in entries), p.stdout[-3000:]
+
+
+@pytest.mark.parametrize('second', ['link', 'case', 'parent_link'])
+def test_entries_that_resolve_to_one_folder_are_refused(tmp_path, second):
+    runs = tmp_path / 'runs'
+    (runs / 'run_a').mkdir(parents=True)
+    if second == 'link':                  # another name for the same folder
+        os.symlink(runs / 'run_a', runs / 'run_b')
+        out_dirs, said = ['runs/run_a', 'runs/run_b'], 'the same inode'
+    elif second == 'parent_link':         # a link above the folders: one folder once resolved
+        os.symlink(runs, tmp_path / 'more')
+        out_dirs, said = ['runs/run_b', 'more/run_b'], f"one folder ({runs / 'run_b'})"   # (run_b not made yet)
+    else:                                 # one folder on a case-insensitive file system (simulated: by its names)
+        out_dirs, said = ['runs/Run_A', 'runs/run_a'], 'differ only in case'
+    plan = tmp_path / 'plan.json'
+    plan.write_text(json.dumps([dict(config='config/quickstart.py', seed=1, out_dir=d, overrides=[f'--residual={m}'])
+                                for d, m in zip(out_dirs, ('attnres', 'rd_attnres'))]))
+    for more in ([], ['--dry_run']):
+        with pytest.raises(SystemExit) as e:
+            study.main(['run', str(plan), '--root', str(tmp_path), *more])
+        text = str(e.value)
+        assert f'entries 1 ({out_dirs[0]}) and 2 ({out_dirs[1]})' in text and said in text, text
+        assert 'own out_dir' in text and 'Nothing was run' in text
+    assert sorted(os.listdir(runs)) == sorted(['run_a', 'run_b'][:1 + (second == 'link')]) and \
+        os.listdir(runs / 'run_a') == []                    # nothing was written there
+
+
+def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
+    blow_up = ('--learning_rate=1e30', '--warmup_iters=1')
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1, *blow_up), ('rd_attnres', 1), ('standard', 1)])
+    diverged, other = tmp_path / 'runs' / 'attnres_s1', tmp_path / 'runs' / 'rd_attnres_s1'
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0 and 'Traceback' not in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+    assert '2 of 3 runs finished, 1 diverged' in p.stdout and '--retrain_diverged' in p.stdout
+    assert study.is_finished(str(other)) and study.is_finished(str(tmp_path / 'runs' / 'standard_s1'))
+    # recorded in its folder: what, at which step first, which value, noticed when
+    record = study.divergence(str(diverged))
+    assert record['what'] == 'training loss' and record['value'] in ('nan', 'inf', '-inf'), record
+    assert 0 <= record['first_step'] <= record['step'] == 5, record
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Diverged' in report and 'runs/attnres_s1 (attnres, seed 1): non-finite training loss' in report
+    assert 'breaks the pairs rd_attnres vs attnres (with runs/rd_attnres_s1), attnres vs standard' in report
+    # (its learning rate, the test's way to make it diverge, also keeps it from pairing: listed as refused too)
+    # run again: kept as a result, not trained again
+    log_before = (diverged / 'log.jsonl').read_bytes()
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and 'diverged already' in p.stdout and p.stdout.count('done already') == 2
+    assert (diverged / 'log.jsonl').read_bytes() == log_before
+    # asked to: run again as it is (it diverges again: the study still finishes)
+    p = study_run(plan, tmp_path, data_dir, '--no_report', '--retrain_diverged')
+    assert p.returncode == 0 and '1 diverged' in p.stdout and 'attnres_s1: running' in p.stdout, p.stderr[-2000:]
+    # the advice followed: the entry changed (its learning rate lowered), then --overwrite as the message says
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1), ('rd_attnres', 1), ('standard', 1)])
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 1 and 'learning_rate 1e+30 there, 0.003 in the plan' in p.stderr, p.stderr[-2000:]
+    p = study_run(plan, tmp_path, data_dir, '--overwrite')
+    assert p.returncode == 0 and 'all 3 runs finished' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Diverged' not in report and '### rd_attnres vs attnres' in report and '### attnres vs standard' in report
+
+
+def test_a_busy_folder_stops_the_study_and_the_same_command_then_finishes(data_dir, tmp_path):
+    from run_kit.run_files import lock_folder
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
+    held, _ = lock_folder(str(tmp_path / 'runs' / 'attnres_s1'), 'run.lock')   # another run writes there
+    try:
+        p = study_run(plan, tmp_path, data_dir, '--no_report')
+        assert p.returncode == 1 and 'in use by another run' in p.stderr and 'wait for it to end' in p.stderr, \
+            p.stderr[-2000:]
+        assert 'run the same command again' in p.stderr
+    finally:
+        held.close()                                                           # ... and it ends
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and 'all 1 runs finished' in p.stdout, p.stderr[-2000:]
+
+
+def test_a_report_has_no_empty_heading(tmp_path):
+    from helpers import make_run
+    make_run(str(tmp_path), 'standard_s1', 'standard', 1, 3.4)
+    make_run(str(tmp_path), 'attnres_s1', 'attnres', 1, 3.3)
+    plan = tmp_path / 'plan.json'      # out_dirs without a folder: the report's section is the root's
+    plan.write_text(json.dumps([dict(config='config/quickstart.py', seed=1, out_dir=f'{m}_s1',
+                                     overrides=[f'--residual={m}']) for m in ('standard', 'attnres')]))
+    assert study.report(str(plan), str(tmp_path), plots=False) == 0
+    lines = (tmp_path / 'plan_report.md').read_text().splitlines()
+    assert not [line for line in lines if line.startswith('#') and not line.strip('# ')], lines
+    assert '## . (the root)' in lines and '### attnres vs standard' in '\n'.join(lines)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from configurator import configure
-from run_kit.run_files import load_checkpoint, save_checkpoint
+from run_kit.run_files import divergence, load_checkpoint, save_checkpoint
 import train
 from helpers import HERE, python, read_log, run, run_here, sample_here
 
@@ -201,6 +201,14 @@ def test_non_finite_loss_stops_without_saving(data_dir, tmp_path):
                  expect_ok=False)
     assert p.returncode != 0 and 'non-finite' in p.stderr and 'no checkpoint was written' in p.stderr, p.stderr[-1500:]
     assert not os.path.exists(os.path.join(out, 'ckpt.pt'))   # nothing diverged was written
+    # a result: recorded in the log (what, which value, the step it was first seen and the one it was noticed at)
+    record = divergence(out)
+    assert record['value'] in ('nan', 'inf', '-inf') and record['step'] == 1, record
+    assert f"non-finite {record['what']}" in p.stderr and f"at step {record['first_step']}" in p.stderr
+    # its advice, followed: a lower learning rate, here, replacing the diverged run
+    assert '--init_from=scratch --overwrite=True' in p.stderr
+    run_here(['--init_from=scratch', '--overwrite=True', '--eval_interval=1', '--max_iters=2'], data_dir, out)
+    assert divergence(out) is None and json.load(open(os.path.join(out, 'config.json')))['learning_rate'] == 3e-3
 
 
 def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path):
@@ -211,8 +219,9 @@ def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path)
     for state in ckpt['optimizer']['state'].values():   # a NaN optimizer moment (checksum valid): the next update is NaN
         state['exp_avg'].fill_(float('nan'))
     save_checkpoint(ckpt, path)
-    p = run_here(['--max_iters=6', '--eval_interval=1', '--init_from=resume'], data_dir, out, expect_ok=False)
-    assert p.returncode != 0 and 'non-finite' in p.stderr and 'at step 3' in p.stderr, p.stderr[-1500:]
+    p = run_here(['--max_iters=6', '--eval_interval=4', '--init_from=resume'], data_dir, out, expect_ok=False)
+    assert p.returncode != 0 and 'non-finite training loss at step 3, noticed at step 4' in p.stderr, p.stderr[-1500:]
+    assert divergence(out) == dict(step=4, what='training loss', first_step=3, value='nan')   # recorded: a result
     kept = torch.load(path, weights_only=False)
     assert kept['step'] == 2 and all(torch.isfinite(v).all() for v in kept['model'].values())
 
