@@ -21,8 +21,9 @@ Glossary (README: "The method in a few lines of math"); each letter has one mean
               RMS-normalised keys, raw values mixed (h: a read's output; transformer.h, nanoGPT's list of Blocks)
     route     one softmax of a read, with its own w: qk (feeds queries and keys; attnres's only route), v (feeds
               values: RD-AttnRes), heads1 / heads2 (ctrl_heads: halves of the heads), mlp, final
-The lines between `### BEGIN SOLUTION n` and `### END SOLUTION` are what assignment n of the course
-kit asks students to write (COURSE.md); Python ignores the markers.
+The lines between `### BEGIN SOLUTION n` and `### END SOLUTION` (in a student's handout: `### BEGIN YOUR CODE
+(assignment n)` and `### END YOUR CODE (assignment n)`) are what assignment n of the course kit asks students
+to write (COURSE.md); Python ignores the markers.
 """
 
 import math
