@@ -315,11 +315,11 @@ def print_run_summary(cfg, model, grad_accum, proc, dt_name, train_tokens, n_eva
           f"{proc.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
     if not cfg['eval_only']:
         peak = cfg['peak_flops'] or detect_peak_flops(proc.device)
-        threads = f"{torch.get_num_threads()} torch threads (cpu_threads) | " if proc.device_type == 'cpu' else ''
-        print(f"{threads}each step line: the mean of the steps since the line before; eta = the steps left at that "
-              "pace, so it follows the machine's load; "
-              + ("mfu = model FLOPs utilisation" if peak else f"no mfu: no peak FLOP/s known for {proc.device} "
-                 "(set peak_flops to see it)"))
+        n = torch.get_num_threads()
+        threads = f"{n} torch thread{'s' if n > 1 else ''} (cpu_threads) | " if proc.device_type == 'cpu' else ''
+        print(f"{threads}step lines: the mean since the line before, eta at that pace (it follows the machine's "
+              "load) | " + ("mfu: model FLOPs utilisation" if peak else
+                            f"no mfu: no peak FLOP/s known for {proc.device} (set peak_flops to see it)"))
     print(f"eval_only: evaluates {'the checkpoint in ' + cfg['out_dir'] if step else 'the initialisation'} and "
           f"writes {'one eval_only row to log.jsonl' if step else 'nothing'}" if cfg['eval_only'] else
           f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
