@@ -11,7 +11,7 @@ Runs are grouped by model shape and budget, paired by seed, and each arm is comp
 parent, the mode it changes in one respect (WHY_PARENT): attnres with standard, rd_attnres and the
 controls with attnres. These are the paper's comparisons (ctrl_heads, this project's control, is
 compared as the paper compares its controls). --pair ARM:BASE adds any other two modes, e.g.
-rd_attnres:standard; such a table is labelled as not one of the paper's comparisons, with the steps
+rd_attnres:standard; such a table is labelled as not one of the paper's comparisons, with the changes
 between the two modes (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
 frozen configuration except `residual` (and output paths) and must have seen the same batches
 (train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
@@ -234,12 +234,12 @@ def not_the_papers(arm, base):
     a, b = lineage(arm), lineage(base)
     if base in a or arm in b:
         chain = a[:a.index(base) + 1] if base in a else b[:b.index(arm) + 1]
-        how = f"{'one change' if len(chain) == 2 else f'{len(chain) - 1} changes'} apart: {' → '.join(reversed(chain))}"
+        how = (f"{'one change' if len(chain) == 2 else f'{len(chain) - 1} changes'} apart: {' → '.join(reversed(chain))}"
+               + ("; Δ is the sum of those changes' effects" if len(chain) > 2 else "; Δ is the paper's with the other sign"))
     else:
         common = next(m for m in a if m in b)
-        how = f"two changes of {common}: {common} → {arm} and {common} → {base}"
-    return (f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are "
-            f"{how}; a difference here is not one change's effect)")
+        how = f"two changes of {common}: {common} → {arm} and {common} → {base}; Δ compares the two changes"
+    return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are {how})"
 
 
 def markdown(results):

@@ -117,7 +117,7 @@ def test_compare_names_the_pair_for_two_modes_that_are_not_parent_and_child(data
     p = main_here(compare.main, [rd, standard, '--pair', 'rd_attnres:standard'])
     assert p.returncode == 0 and '### rd_attnres vs standard:' in p.stdout
     assert ("not one of the paper's comparisons, which compare each mode with its parent: rd_attnres and standard "
-            "are 2 changes apart: standard → attnres → rd_attnres") in p.stdout
+            "are 2 changes apart: standard → attnres → rd_attnres; Δ is the sum of those changes' effects") in p.stdout
     # ... or the parent trained, as it says (the same config, --residual=attnres, its own folder)
     assert '--residual=attnres --out_dir=<its own folder>' in hint
     run_here(['--residual=attnres'], data_dir, attnres)
@@ -128,7 +128,7 @@ def test_compare_names_the_pair_for_two_modes_that_are_not_parent_and_child(data
     # not exist is a message
     p = main_here(compare.main, [rd, attnres, '--pair', 'attnres:rd_attnres'])
     assert p.returncode == 0 and '### attnres vs rd_attnres:' in p.stdout
-    assert "attnres and rd_attnres are one change apart: attnres → rd_attnres" in p.stdout
+    assert "attnres and rd_attnres are one change apart: attnres → rd_attnres; Δ is the paper's with the other sign" in p.stdout
     p = main_here(compare.main, [rd, attnres, '--pair', 'rd_atnres:attnres'])
     assert p.returncode == 1 and 'rd_atnres is not a residual mode' in p.stderr and 'ctrl_heads' in p.stderr
 
