@@ -28,15 +28,16 @@ import subprocess
 import sys
 import time
 
+from configurator import configure, exit_on_help
+exit_on_help(__name__, __file__, 'docs/performance.md (what was measured, and how)')   # before torch loads
 import torch
 
-from configurator import configure
 from fast_read.two_phase_read import TwoPhaseGPT, compile_model
 from model import GPT, GPTConfig, RESIDUAL_MODES
 from run_kit.common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 
 DEFAULTS = dict(
-    modes=','.join(RESIDUAL_MODES),
+    modes=','.join(RESIDUAL_MODES),   # the modes to measure, comma-separated: every mode of model.py
     n_layer=8, n_head=8, n_embd=256, block_size=256, batch_size=16, attnres_block_size=4,
     device='auto', dtype='float32', compile=False,
     backend='inductor',           # with compile: torch.compile's backend ('eager': dynamo's graphs run as they are,

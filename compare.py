@@ -8,8 +8,11 @@ The paper's paired table (and plots) from run directories written by train.py.
     python compare.py out/* --routing             # and how far apart each two-route run's routes read
 
 Runs are grouped by model shape and budget, paired by seed, and each arm is compared with its
-parent: rd_attnres and the controls with attnres, attnres with standard; --pair ARM:BASE adds
-other comparisons (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
+parent, the mode it changes in one respect (WHY_PARENT): attnres with standard, rd_attnres and the
+controls with attnres. These are the paper's comparisons (ctrl_heads, this project's control, is
+compared as the paper compares its controls). --pair ARM:BASE adds any other two modes, e.g.
+rd_attnres:standard; such a table is labelled as not one of the paper's comparisons, with the changes
+between the two modes (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
 frozen configuration except `residual` (and output paths) and must have seen the same batches
 (train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
 of the report with the reason, while every valid pair is still reported (--strict: exit non-zero).
@@ -30,6 +33,14 @@ from run_kit.run_files import (LOG, RunFileError, atomic_write, describe_diverge
 # ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'ctrl_heads': 'attnres', 'ctrl_mix': 'attnres', 'attnres': 'standard'}
+WHY_PARENT = {
+    'attnres': "Block AttnRes replaces the running sum with one learned read over earlier blocks",
+    'rd_attnres': "RD-AttnRes gives attention a second read, for V; tying it to the QK read gives attnres back",
+    'ctrl_params': "the paper's control for rd_attnres's parameter count: attnres plus a gain per attention sublayer",
+    'ctrl_dup': "the paper's control for rd_attnres's compute: attnres's read run twice with one pseudo-query",
+    'ctrl_fixed_v': "the paper's control for a learned V route: rd_attnres with the V read fixed at the uniform average",
+    'ctrl_heads': "this project's control: two learned reads that split attention by heads, not by role",
+    'ctrl_mix': "a removed control, kept so that its committed logs compare (docs/controls.md)"}
 ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads', 'ctrl_mix']
 # what must be equal within a pair, besides the seed; residual is what differs
 FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size', 'dtype')
@@ -259,10 +270,36 @@ def no_pair_reason(runs, groups, step=None):
             ", or the pairs were refused (listed above)")
 
 
+def lineage(mode):
+    """mode, its parent, the parent's parent, ... down to standard."""
+    chain = [mode]
+    while chain[-1] in PARENT:
+        chain.append(PARENT[chain[-1]])
+    return chain
+
+
+def not_the_papers(arm, base):
+    """'' for an arm and its parent (the paper's comparisons); for any other two modes, a note that says so
+    and how far apart they are."""
+    if PARENT.get(arm) == base:
+        return ''
+    a, b = lineage(arm), lineage(base)
+    if base in a or arm in b:
+        chain = a[:a.index(base) + 1] if base in a else b[:b.index(arm) + 1]
+        how = (f"{'one change' if len(chain) == 2 else f'{len(chain) - 1} changes'} apart: {' → '.join(reversed(chain))}"
+               + ("; Δ is the sum of those changes' effects" if len(chain) > 2 else "; Δ is the paper's with the other sign"))
+    else:
+        common = next(m for m in a if m in b)
+        how = f"two changes of {common}: {common} → {arm} and {common} → {base}; Δ compares the two changes"
+    return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are {how})"
+
+
 def markdown(results):
     out = []
     for r in results:
         out.append(f"### {r['arm']} vs {r['parent']}: {r['group']}, validation NLL at step {r['step']}\n")
+        if not_the_papers(r['arm'], r['parent']):
+            out.append(not_the_papers(r['arm'], r['parent']) + "\n")
         out.append(f"| seed | {r['parent']} | {r['arm']} | Δ |")
         out.append("|---:|---:|---:|---:|")
         for p in r['pairs']:
@@ -412,8 +449,26 @@ def plot_routing(plt, run, routed, out_dir):
     return [path]
 
 
+def unrelated_arms(groups, n_runs):
+    """For runs of one shape and budget holding two or more modes of which none is another's parent (e.g.
+    the quickstart's rd_attnres and a standard run): a message naming the --pair that compares them, or ''."""
+    if len(groups) != 1:
+        return ''
+    modes = [m for m in ['standard'] + ARM_ORDER if m in next(iter(groups.values()))]
+    if len(modes) < 2 or any(PARENT.get(m) in modes for m in modes):
+        return ''
+    pairs = [f"--pair {a}:{b}" for i, a in enumerate(modes) for b in modes[:i]][::-1]
+    return (f"found {n_runs} runs but no complete pair: their residual modes ({', '.join(sorted(modes))}) hold no arm "
+            f"and its parent ({', '.join(f'{a} vs {p}' for a, p in PARENT.items() if a != 'ctrl_mix')}): compare.py "
+            f"pairs each mode with its parent. Compare them anyway with "
+            f"{' or '.join(pairs)} (not one of the paper's comparisons), or train the parent: python train.py "
+            f"<the same config> --residual={PARENT.get(modes[-1], 'standard')} --out_dir=<its own folder>")
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="each mode's parent (the paper's comparisons):\n" + '\n'.join(
+                                     f"  {arm} vs {PARENT[arm]}: {WHY_PARENT[arm]}" for arm in ARM_ORDER))
     ap.add_argument('runs', nargs='+', help="run directories (globs are expanded)")
     ap.add_argument('--step', type=int, help="compare at this evaluation step instead of the last (max_iters)")
     ap.add_argument('--json', help="also write the numbers to this JSON file")
@@ -427,6 +482,11 @@ def main(argv=None):
     extra = [tuple(p.split(':')) for p in args.pair]
     if any(len(p) != 2 or not all(p) for p in extra):
         raise SystemExit(f"--pair takes ARM:BASE, two residual modes, e.g. rd_attnres:ctrl_heads; got {args.pair}")
+    unknown = sorted({m for p in extra for m in p} - set(PARENT) - {'standard'})
+    if unknown:
+        raise SystemExit(f"--pair: {', '.join(unknown)} is not a residual mode; the modes: standard, "
+                         f"{', '.join(ARM_ORDER)}")
+    extra = [p for p in dict.fromkeys(extra) if PARENT.get(p[0]) != p[1]]   # an arm and its parent is compared anyway
     paths = sorted({p for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
     runs, skipped = load_runs(paths)
     if not runs:
@@ -446,6 +506,8 @@ def main(argv=None):
         print(f"### Diverged (kept as results: no evaluation at the last step)\n\n{diverged}")
     if skipped:
         print(f"### Skipped ({len(skipped)} paths that are not runs)\n\n" + skipped_lines(skipped))
+    if not results and unrelated_arms(groups, len(runs)):
+        raise SystemExit(unrelated_arms(groups, len(runs)))
     if not results:
         raise SystemExit(f"found {len(runs)} runs but no complete pair: {no_pair_reason(runs, groups, args.step)}")
     if args.json:

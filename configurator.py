@@ -76,3 +76,100 @@ def configure(defaults, argv):
     for key, value, where in settings(argv, defaults):
         config[key] = _check(key, value, defaults, where)
     return config
+
+
+# -----------------------------------------------------------------------------
+# --help: a script's keys, read from its source (nothing is imported, so `python train.py --help` answers
+# before torch would have loaded)
+
+HELP_FLAGS = ('-h', '--help')
+
+
+def _default_text(node, source):
+    """A default as Python writes it: its value where the expression is a constant or arithmetic on constants
+    (2 ** 19), else the expression as written (','.join(RESIDUAL_MODES))."""
+    text = ast.get_source_segment(source, node)
+    try:
+        return repr(ast.literal_eval(node))
+    except ValueError:
+        try:
+            return repr(eval(compile(ast.Expression(node), '<default>', 'eval'), {'__builtins__': {}}))
+        except Exception:
+            return text
+
+
+def defaults_listing(source):
+    """The defaults of a script, read from its source: [(group, [(key, default text), ...], comment)], one
+    entry per source line of keys, in the file's order. The keys are the keywords of `DEFAULTS = dict(...)`
+    (sample.py, bench.py) or, for a script whose defaults are globals (train.py), the assignments just above
+    `DEFAULTS = `. A comment on a line of its own starts a group (train.py's `# data`), unless it continues,
+    at the same column, the comment of the line above."""
+    import io
+    import tokenize
+    tree = ast.parse(source)
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'DEFAULTS')
+    if isinstance(node.value, ast.Call) and getattr(node.value.func, 'id', '') == 'dict':
+        items = [(kw.arg, kw.value) for kw in node.value.keywords]
+    else:
+        body = tree.body[:tree.body.index(node)]
+        first = len(body)
+        while first and isinstance(body[first - 1], ast.Assign) and isinstance(body[first - 1].targets[0], ast.Name):
+            first -= 1
+        items = [(n.targets[0].id, n.value) for n in body[first:]
+                 if n.targets[0].id.islower() and not n.targets[0].id.startswith('_')]
+    comments = {t.start[0]: (t.start[1], t.string.lstrip('#').strip())
+                for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    keys_on = {}
+    for key, value in items:
+        keys_on.setdefault(value.lineno, []).append((key, _default_text(value, source)))
+    start, end = min(keys_on), max(keys_on)
+    while start > 1 and lines[start - 2].lstrip().startswith('#') and not lines[start - 2].startswith('# ---'):
+        start -= 1   # the group heading just above the first key
+    out, group, last = [], None, None   # last: the column of the comment a comment-only line would continue
+    for n in range(start, end + 2):
+        only_comment = n in comments and lines[n - 1].lstrip().startswith('#')
+        if n in keys_on:
+            out.append([group, keys_on[n], comments.get(n, (None, ''))[1]])
+            last = comments.get(n, (None, ''))[0]
+        elif only_comment and last is not None and comments[n][0] == last and out:
+            out[-1][2] += ' ' + comments[n][1]
+        elif only_comment and n <= end:
+            group, last = comments[n][1], None
+        else:
+            last = None
+    return [tuple(entry) for entry in out]
+
+
+def help_text(path, more):
+    """What `python <script> --help` prints: the script's docstring, its keys grouped as in the file with
+    their defaults and comments, and where to read more."""
+    with open(path, encoding='utf-8') as f:
+        source = f.read()
+    name = path.replace('\\', '/').rsplit('/', 1)[-1]
+    import textwrap
+    out = [f"usage: python {name} [config_file.py ...] [--key=value ...]", "",
+           (ast.get_docstring(ast.parse(source)) or '').strip(), "",
+           *textwrap.wrap("keys and their defaults: a config file (Python assignments), then --key=value, override "
+                          "them in order; an unknown key or a value of another type is an error", 100)]
+    group = None
+    for g, keys, comment in defaults_listing(source):
+        if g != group:
+            out += ["", g]
+            group = g
+        assignment = ', '.join(f"{k}={v}" for k, v in keys)
+        if not comment:
+            out.append(f"  {assignment}")
+            continue
+        first = f"  {assignment:34s}  " if len(assignment) <= 34 else f"  {assignment}\n" + ' ' * 38
+        out.append(textwrap.fill(comment, 108, initial_indent=first, subsequent_indent=' ' * 38))
+    return '\n'.join(out + ["", f"more: {more}"])
+
+
+def exit_on_help(name, path, more):
+    """Print the help and exit 0 if a script run as a program (name == '__main__') was given -h or --help.
+    Called at the top of a script, before its heavy imports."""
+    import sys
+    if name == '__main__' and any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+        print(help_text(path, more))
+        raise SystemExit(0)

@@ -22,9 +22,10 @@ import math
 import os
 import sys
 
+from configurator import configure, exit_on_help
+exit_on_help(__name__, __file__, 'docs/results.md, "Route interventions"')   # before torch loads
 import torch
 
-from configurator import configure
 from model import ATTENTION_ROUTES
 
 DEFAULTS = dict(

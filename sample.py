@@ -14,11 +14,13 @@ verified too), so neither can run code.
 import json
 import os
 import sys
+import textwrap
 import warnings
 
+from configurator import configure, exit_on_help
+exit_on_help(__name__, __file__, "README's Quickstart and \"What the output means\"")   # before torch loads
 import torch
 
-from configurator import configure
 from model import GPT
 from prepare import InputError, gpt2_encoding
 from run_kit.common import MODEL_KEYS, check_device
@@ -35,6 +37,8 @@ DEFAULTS = dict(
     top_k=200,                # keep only the top_k most likely tokens (0 = all)
     seed=1337,
     device='auto',
+    cpu_threads=1,            # on CPU: torch's threads (0 = one per core); 1 is faster for small models
+                              # (docs/performance.md, "Threads for small models on a CPU")
     show_routing=False,       # print each read point's depth distribution over the prompt
     export='',                # write the run's weights and model configuration to this .safetensors file, exit
     weights='',               # sample from this .safetensors file (written by --export) instead of out_dir
@@ -47,10 +51,17 @@ ROUTES = {'qk': "the input of queries and keys (the one route of attnres)", 'v':
           'final': "the read after the last sublayer, into the LM head"}
 
 
-def print_routing(model):
+def print_routing(model, n_tokens):
+    """One row per read point: the share of each depth source in its input, averaged over the prompt's tokens."""
     S, L = model.config.attnres_block_size, 2 * model.config.n_layer
-    print(f"---- depth routing over the prompt: share of each source (emb = embedding, bN = block N, "
-          f"p = partial of the current block); {L} sublayers in blocks of {S} ----")
+    print("---- depth routing over the prompt: where each sublayer's input comes from ----")
+    print(textwrap.fill(
+        f"One row per read point, in order: the sublayer it feeds (0..{L - 1}: attention at even numbers, the MLP at "
+        f"odd ones; {L} sublayers in blocks of {S}) and its route. A cell is a source's share of the read: emb = the "
+        f"token embedding, bN = the output of block N, p = the partial sum of the current block so far. Each token "
+        f"of the prompt reads with its own shares; a cell is their mean over the prompt's {n_tokens} tokens, so a "
+        f"row adds up to 100%. The last row, sublayer {L} final, is the read after the last sublayer: the input of "
+        f"the final norm and the LM head.", 100))
     routes = list(dict.fromkeys(r['route'] for r in model.routing))
     print("routes: " + '; '.join(f"{r} = {ROUTES[r]}" for r in routes))
     for r in model.routing:
@@ -113,7 +124,7 @@ def load_model(cfg):
     if cfg['weights']:
         return model, saved, f"{source} (step {saved.get('step')})"
     saved = dict(saved, step=ckpt['step'], best_val_loss=ckpt['best_val_loss'])
-    return model, saved, f"{source} (step {saved['step']}, best val loss {saved['best_val_loss']})"
+    return model, saved, f"{source} (step {saved['step']}, best val loss {saved['best_val_loss']:.4f})"
 
 
 DTYPES = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'F64': torch.float64}
@@ -146,6 +157,8 @@ def export(model, saved, path):
 def main(argv):
     cfg = configure(DEFAULTS, argv)
     device = check_device(cfg['device'])
+    if torch.device(device).type == 'cpu' and cfg['cpu_threads']:
+        torch.set_num_threads(cfg['cpu_threads'])
     model, saved, origin = load_model(cfg)
     if cfg['export']:
         return export(model, saved, cfg['export'])
@@ -176,7 +189,7 @@ def main(argv):
         with torch.no_grad():
             model(x)  # every position is routed (only the head looks at the last one alone)
         model.record_routing = False
-        print_routing(model)
+        print_routing(model, x.shape[1])
 
     torch.manual_seed(cfg['seed'])
     for _ in range(cfg['num_samples']):

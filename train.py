@@ -25,15 +25,15 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+from configurator import configure, exit_on_help
+exit_on_help(__name__, __file__, "docs/training.md; README's Quickstart")   # -h/--help: the keys below, before torch loads
 import numpy as np
 import torch
 
-from configurator import configure
 from fast_read.two_phase_read import TwoPhaseGPT, compile_model
 from model import GPT, GPTConfig
 from prepare import read_dataset
-from run_kit.common import (MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu_allocator,
-                            windows_hash)
+from run_kit.common import MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu, windows_hash
 from run_kit.routing import routing_log
 from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
                                  leave_process_group, note_nonfinite, ranks_agree, should_stop, start_processes,
@@ -91,6 +91,7 @@ compile = False
 ddp_timeout = 1800          # seconds a rank waits for the others at a collective (rank 0's checkpoint save)
 peak_flops = 0.0            # for MFU; 0 = detect from the GPU's name (none on CPU)
 cpu_malloc_tuning = True    # on CPU with glibc: keep big freed buffers in the heap (docs/performance.md)
+cpu_threads = 0             # on CPU: torch's threads, 0 = one per core (small models: 1, docs/performance.md)
 DEFAULTS = {k: v for k, v in dict(globals()).items()
             if not k.startswith('_') and isinstance(v, (int, float, bool, str)) and k.islower()}
 
@@ -320,8 +321,7 @@ def start_run(cfg, proc):
 
 def train(cfg, proc):
     """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
-    if proc.device_type == 'cpu' and cfg['cpu_malloc_tuning']:
-        tune_cpu_allocator()
+    tune_cpu(cfg, proc.device_type)   # on CPU: threads and allocator
     run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval) = start_run(cfg, proc)
     done = nothing_to_train(run, step, resumed)
     if done is not None:

@@ -17,3 +17,4 @@ eval_interval = 100
 eval_tokens = 16384
 log_interval = 20
 device = 'auto'            # the best there is: a GPU, Apple's MPS, or the CPU
+cpu_threads = 1            # torch's threads on a CPU: 1 is faster for a model this small (docs/performance.md)

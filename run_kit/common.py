@@ -4,7 +4,8 @@ What the scripts share (nanochat keeps the same kind of helpers in its common.py
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, schedule_length, model_problems
   - training windows: get_windows (indices to tensors), windows_hash (a step's fingerprint); the paired
     data order itself is train.py's
-  - device and precision: resolve_device, resolve_dtype, check_device, detect_peak_flops, tune_cpu_allocator
+  - device and precision: resolve_device, resolve_dtype, check_device, detect_peak_flops, tune_cpu,
+    tune_cpu_allocator
 
 The files of a run (config.json, log.jsonl, ckpt.pt, the lock, atomic writes) are run_files.py's.
 train.py, sample.py, bench.py, compare.py, study.py, prepare.py and run_files.py import from here; none
@@ -115,6 +116,20 @@ def detect_peak_flops(device):
         return 0.0
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), 0.0)
+
+
+def tune_cpu(cfg, device_type):
+    """On a CPU: torch's thread count (cfg['cpu_threads']; 0 leaves torch's default, one per core) and the
+    allocator (cfg['cpu_malloc_tuning']). A small model's matrices are too small for two threads to share
+    well: on a busy 2-core machine they wait for each other (docs/performance.md, "Threads for small models
+    on a CPU"). Nothing elsewhere."""
+    import torch
+    if device_type != 'cpu':
+        return
+    if cfg['cpu_threads']:
+        torch.set_num_threads(cfg['cpu_threads'])
+    if cfg['cpu_malloc_tuning']:
+        tune_cpu_allocator()
 
 
 def tune_cpu_allocator():

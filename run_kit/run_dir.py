@@ -13,7 +13,7 @@ import secrets
 import subprocess
 import sys
 
-from run_kit.common import FROZEN_ON_RESUME, schedule_length
+from run_kit.common import FROZEN_ON_RESUME, detect_peak_flops, schedule_length
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                                killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
                                rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
@@ -304,17 +304,19 @@ def format_duration(seconds):
 
 
 def print_step(row, max_iters):
-    """A log row as one console line."""
+    """A log row as one console line: the mean of the steps since the previous line; mfu only where it is
+    known (a GPU whose peak FLOP/s is known, or peak_flops; never the first interval, which holds compilation)."""
     mfu, norm = row['mfu'], row['norm']
     print(f"step {row['step']:5d} | loss {row['train_loss']:.4f} | lr {row['lr']:.2e} | "
           f"norm {norm if norm is not None else float('nan'):.3f} | dt {row['dt'] * 1000:.0f}ms | "
-          f"tok/s {row['tok_per_s']:,.0f} | mfu {'-' if mfu is None else f'{100 * mfu:.1f}%'}"
+          f"tok/s {row['tok_per_s']:,.0f}" + ('' if mfu is None else f" | mfu {100 * mfu:.1f}%")
           + (f" | skipped {row['skipped_steps']}" if 'skipped_steps' in row else '')
-          + f" | eta {format_duration((max_iters - row['step']) * row['dt'])}", flush=True)
+          + f" | eta {format_duration((max_iters - row['step']) * row['dt'])} (recent pace)", flush=True)
 
 
 def print_run_summary(cfg, model, grad_accum, proc, dt_name, train_tokens, n_eval, step):
     """A few lines that matter; the whole configuration is in out_dir/config.json."""
+    import torch
     T = cfg['block_size']
     print(f"{cfg['residual']} | {cfg['n_layer']} layers x {cfg['n_embd']} ({cfg['n_head']} heads), "
           f"attnres_block_size {cfg['attnres_block_size']}, context {T} | "
@@ -325,6 +327,13 @@ def print_run_summary(cfg, model, grad_accum, proc, dt_name, train_tokens, n_eva
           f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
     print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
           f"{proc.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
+    if not cfg['eval_only']:
+        peak = cfg['peak_flops'] or detect_peak_flops(proc.device)
+        n = torch.get_num_threads()
+        threads = f"{n} torch thread{'s' if n > 1 else ''} (cpu_threads) | " if proc.device_type == 'cpu' else ''
+        print(f"{threads}step lines: the mean since the line before, eta at that pace (it follows the machine's "
+              "load) | " + ("mfu: model FLOPs utilisation" if peak else
+                            f"no mfu: no peak FLOP/s known for {proc.device} (set peak_flops to see it)"))
     print(f"eval_only: evaluates {'the checkpoint in ' + cfg['out_dir'] if step else 'the initialisation'} and "
           f"writes {'one eval_only row to log.jsonl' if step else 'nothing'}" if cfg['eval_only'] else
           f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"

@@ -1,0 +1,150 @@
+"""A newcomer's first hour: every command answers --help (the configurator scripts list their keys, read from
+their source before torch loads), and the README's comparison after the quickstart runs as written."""
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+import bench
+import compare
+import intervene
+import sample
+import train
+from helpers import HERE, TINY, main_here, run_here, sample_here
+
+CONFIGURED = {'train.py': train.DEFAULTS, 'sample.py': sample.DEFAULTS, 'bench.py': bench.DEFAULTS,
+              'intervene.py': intervene.DEFAULTS}
+EXPRESSIONS = {('bench.py', 'modes'): "','.join(RESIDUAL_MODES)"}   # defaults the help shows as written
+
+
+def python(*args):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=HERE, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS='1'))
+
+
+@pytest.mark.parametrize('script', sorted(CONFIGURED))
+def test_help_lists_every_key_with_its_default_before_torch_loads(script):
+    # run as `python <script> --help` would, and then ask whether torch was imported on the way
+    probe = (f"import runpy, sys\nsys.argv = [{script!r}, '--help']\ntry:\n    runpy.run_path({script!r}, "
+             f"run_name='__main__')\nexcept SystemExit as e:\n    print('EXIT', e.code, 'torch' in sys.modules)")
+    p = python('-c', probe)
+    assert p.returncode == 0 and p.stdout.rstrip().endswith('EXIT 0 False'), p.stdout[-1000:] + p.stderr[-2000:]
+    text = p.stdout.rstrip().rsplit('\nEXIT', 1)[0] + '\n'
+    keys_part = text.split('\nkeys and their defaults')[1]
+    assert text.startswith(f"usage: python {script} [config_file.py ...] [--key=value ...]")
+    for key, value in CONFIGURED[script].items():
+        shown = EXPRESSIONS.get((script, key), repr(value))
+        assert re.search(rf"(^  |, ){re.escape(key)}={re.escape(shown)}(,|\s|$)", keys_part, re.M), (key, shown)
+    keys_shown = re.findall(r"(?:^  |, )([a-z_0-9]+)=", keys_part, re.M)
+    assert sorted(keys_shown) == sorted(CONFIGURED[script])          # every key once, and nothing else
+    more = text.rstrip().rsplit('\n', 1)[-1]
+    assert more.startswith('more: ')
+    for path in re.findall(r"[\w/]+\.md", more):                     # where to read more exists
+        assert os.path.exists(os.path.join(HERE, path)), path
+    # -h is --help, also after a config file; it exits 0 and prints the same
+    short = python(script, 'config/quickstart.py', '-h')
+    assert short.returncode == 0 and short.stdout == text, short.stderr[-2000:]
+
+
+def test_train_help_groups_the_keys_as_the_file_does_with_their_comments():
+    text = python('train.py', '--help').stdout
+    groups = [line for line in text.splitlines() if line and not line.startswith(' ')]
+    headings = ['I/O', 'data', 'model', 'optimizer: AdamW, linear warmup then cosine decay to min_lr_ratio * learning_rate',
+                'system']
+    assert [g for g in groups if g in headings] == headings
+    section = text.split('\ndata\n')[1].split('\nmodel\n')[0]      # the keys under "data" are the file's
+    assert re.findall(r"^  (\w+)=", section, re.M) == ['dataset', 'data_dir', 'seed', 'total_batch_size', 'batch_size',
+                                                        'block_size']
+    assert re.search(r"^  seed=1 +initialisation and data order: the pairing key$", text, re.M)
+    assert re.search(r"^  total_batch_size=524288 +tokens per optimizer step", text, re.M)   # 2 ** 19, evaluated
+    # a comment that continues on the next line of the file continues in the help (bench.py's backend)
+    bench_text = python('bench.py', '--help').stdout
+    assert re.search(r"backend='inductor' +with compile: .*\n +.*no kernels built", bench_text)
+
+
+@pytest.mark.parametrize('script,options', [
+    ('prepare.py', ['--dataset', '--data_dir']), ('compare.py', ['--pair', '--plot', 'rd_attnres vs attnres: ']),
+    ('study.py', ['run', 'report']), ('course.py', ['handout', 'check', 'grade'])])
+def test_argparse_commands_answer_help(script, options):
+    for flag in ('--help', '-h'):
+        p = python(script, flag)
+        assert p.returncode == 0 and p.stdout.startswith('usage:'), p.stderr[-2000:]
+        assert all(o in p.stdout for o in options), p.stdout
+
+
+def readme_commands(section):
+    """The commands of the first code block under the README heading `section`, as argv lists."""
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    block = text.split(f'\n## {section}\n', 1)[1].split('```bash\n', 1)[1].split('```', 1)[0]
+    return [shlex.split(line.split('#')[0]) for line in block.splitlines() if line.split('#')[0].strip()]
+
+
+def test_the_readmes_comparison_after_the_quickstart_runs_as_written(data_dir, tmp_path, monkeypatch):
+    """README "The comparison", at a tiny size: the quickstart's run and its parent trained as written, then
+    compare.py on the two finds the pair and writes the plot it names."""
+    commands = readme_commands('The comparison')
+    assert [c[:2] for c in commands] == [['python', 'train.py'], ['python', 'compare.py']]
+    monkeypatch.chdir(tmp_path)          # the README's relative out/ paths land in the test's folder
+    os.symlink(os.path.join(HERE, 'config'), 'config')
+    quickstart = ['config/quickstart.py', *TINY]   # the quickstart's run, tiny
+    run_here(quickstart, data_dir, 'out/quickstart')
+    train_argv = commands[0][2:]
+    out_dir = next(a.split('=', 1)[1] for a in train_argv if a.startswith('--out_dir='))
+    p = run_here([*train_argv[:1], *TINY, *train_argv[1:]], data_dir, out_dir)   # the README's flags come last
+    assert 'attnres |' in p.stdout
+    p = main_here(compare.main, commands[1][2:])
+    assert p.returncode == 0, p.stderr
+    assert '### rd_attnres vs attnres:' in p.stdout and "not one of the paper's" not in p.stdout
+    assert re.search(r"^\| 1 \| \d+\.\d{4} \| \d+\.\d{4} \| [+-]\d\.\d{4} \|$", p.stdout, re.M)   # seed 1's pair
+    plot_dir = commands[1][commands[1].index('--plot') + 1]
+    curves = glob.glob(os.path.join(plot_dir, 'curves_rd_attnres_vs_attnres_*.png'))
+    assert len(curves) == 1 and os.path.getsize(curves[0]) > 1000 and f"wrote {curves[0]}" in p.stdout
+
+
+def test_compare_names_the_pair_for_two_modes_that_are_not_parent_and_child(data_dir, tmp_path):
+    rd, standard, attnres = (str(tmp_path / name) for name in ('quickstart', 'standard', 'attnres'))
+    run_here([], data_dir, rd)
+    run_here(['--residual=standard'], data_dir, standard)
+    p = main_here(compare.main, [rd, standard])
+    assert p.returncode == 1 and '--pair rd_attnres:standard' in p.stderr and 'rd_attnres vs attnres' in p.stderr
+    hint = p.stderr
+    # what the message says, done: the pair named, labelled as not the paper's comparison
+    p = main_here(compare.main, [rd, standard, '--pair', 'rd_attnres:standard'])
+    assert p.returncode == 0 and '### rd_attnres vs standard:' in p.stdout
+    assert ("not one of the paper's comparisons, which compare each mode with its parent: rd_attnres and standard "
+            "are 2 changes apart: standard → attnres → rd_attnres; Δ is the sum of those changes' effects") in p.stdout
+    # ... or the parent trained, as it says (the same config, --residual=attnres, its own folder)
+    assert '--residual=attnres --out_dir=<its own folder>' in hint
+    run_here(['--residual=attnres'], data_dir, attnres)
+    p = main_here(compare.main, [rd, standard, attnres])
+    assert p.returncode == 0 and '### rd_attnres vs attnres:' in p.stdout and '### attnres vs standard:' in p.stdout
+    assert "not one of the paper's" not in p.stdout
+    # a parent pair named the other way round is labelled too (its Δ has the other sign); a mode that does
+    # not exist is a message
+    p = main_here(compare.main, [rd, attnres, '--pair', 'attnres:rd_attnres'])
+    assert p.returncode == 0 and '### attnres vs rd_attnres:' in p.stdout
+    assert "attnres and rd_attnres are one change apart: attnres → rd_attnres; Δ is the paper's with the other sign" in p.stdout
+    p = main_here(compare.main, [rd, attnres, '--pair', 'rd_atnres:attnres'])
+    assert p.returncode == 1 and 'rd_atnres is not a residual mode' in p.stderr and 'ctrl_heads' in p.stderr
+
+
+def test_the_console_rounds_and_says_what_its_numbers_are(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    p = run_here(['--cpu_threads=2', '--max_iters=2'], data_dir, out)
+    assert '2 torch threads (cpu_threads)' in p.stdout
+    assert 'no mfu: no peak FLOP/s known for cpu (set peak_flops to see it)' in p.stdout
+    steps = [line for line in p.stdout.splitlines() if line.startswith('step ') and '|' in line]
+    assert steps and all('mfu' not in line and line.endswith('(recent pace)') for line in steps)
+    s = sample_here(f'--out_dir={out}', '--start=The tuple', '--num_samples=1', '--max_new_tokens=4',
+                    '--show_routing=True')
+    assert s.returncode == 0, s.stderr
+    assert re.search(r"best val loss \d+\.\d{4}\)", s.stdout), s.stdout[:300]
+    legend = ' '.join(s.stdout.split())                                   # (the legend is wrapped)
+    assert "their mean over the prompt's 2 tokens" in legend               # "The tuple": 2 GPT-2 tokens
+    assert 'The last row, sublayer 4 final, is the read after the last sublayer' in legend
+    assert re.search(r"^sublayer  4 final", s.stdout, re.M)
