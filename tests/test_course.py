@@ -9,6 +9,7 @@ the rest of the class is unchanged."""
 import csv
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -151,22 +152,30 @@ def searchable_by_everyone(path, opened):
 
 
 @pytest.fixture
-def python_for_everyone(tmp_path):
-    """This Python (the venv's and the interpreter behind it), its packages and the test's folder reachable by
-    every user for the test's duration: an instructor's laptop and Gradescope's image have them so, but a venv
-    in a checkout under root's home or a `mktemp -d` folder (0700), or pytest's temporary folders (0700), must
-    be opened to be searched; they are closed after, whether the test passed or not. The project's own files
-    are not opened: a test that runs them as another user runs a copy of them in tmp_path (kit_copy)."""
+def reachable():
+    """This Python (the venv's and the interpreter behind it) and its packages reachable by every user for the
+    test's duration, and a folder of the test's own that every user can reach, which it returns: an instructor's
+    laptop and Gradescope's image have them so, but a venv in a checkout under root's home or a `mktemp -d`
+    folder (0700) must be opened to be searched; it is closed after, whether the test passed or not. The folder
+    is made in the machine's temporary folder, not under pytest's (which every pytest session that starts makes
+    0700 again, under a grading in progress). The project's own files are not opened: a test that runs them as
+    another user runs a copy of them there (kit_copy)."""
+    import shutil
+    import tempfile
     opened = []
+    shared = tempfile.mkdtemp(prefix='rd-attnres-test-')
+    os.chmod(shared, 0o777)
     if os.geteuid() == 0:
-        folders = (*course_grader.python_paths(), str(tmp_path))
-        for path in (sys.executable, os.path.realpath(sys.executable), *(os.path.join(f, 'x') for f in folders)):
+        folders = course_grader.python_paths()
+        for path in (sys.executable, os.path.realpath(sys.executable), *(os.path.join(f, 'x') for f in folders),
+                     os.path.join(shared, 'x')):
             searchable_by_everyone(path, opened)
     try:
-        yield
+        yield pathlib.Path(shared)
     finally:
         for path, mode in reversed(opened):
             os.chmod(path, mode)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def kit_copy(folder):
@@ -850,23 +859,23 @@ def test_a_sandbox_holds_only_the_students_handout(handouts, tmp_path, n):
     assert sorted(in_tree) == sorted([*course.GRADING_FILES, course.WORKER[1]])
 
 
-def test_grading_from_a_normal_account(handouts, tmp_path, python_for_everyone):
+def test_grading_from_a_normal_account(handouts, reachable):
     # an instructor's laptop: the grader runs as a normal user (bubblewrap in a user namespace). The code
     # under test sees no environment of the grader's, and every place it can write to is capped.
     import shutil
     import stat
     attacks = {k: ATTACKS[k] for k in ('environ', 'filler', 'reader', 'writer')}
-    base = tmp_path / 'world'
+    base = reachable / 'world'
     base.mkdir()
     out = base / 'grades'
     root = hostile_class(handouts, base, out, attacks, file_attacks=('link_to_victim',), names=False)
-    for d, dirs, files in os.walk(tmp_path):
+    for d, dirs, files in os.walk(reachable):
         for x in dirs + files:
             p = os.path.join(d, x)
             if not os.path.islink(p):
                 os.chmod(p, os.stat(p).st_mode | stat.S_IROTH | stat.S_IWOTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
-    os.chmod(tmp_path, 0o777)
-    kit = kit_copy(str(tmp_path / 'kit'))
+    os.chmod(reachable, 0o777)
+    kit = kit_copy(str(reachable / 'kit'))
     as_user = [] if os.geteuid() != 0 else [shutil.which('setpriv'), '--reuid=65534', '--regid=65534', '--clear-groups']
     env = dict(os.environ, COURSE_SECRET='hunter2', TMPDIR=str(base), HOME=str(base))
     p = subprocess.run([*as_user, sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out',
@@ -889,13 +898,13 @@ def private_folder(tmp_path):
     return folder
 
 
-def test_uid_grading_names_the_folder_its_user_cannot_enter(handouts, tmp_path, python_for_everyone):
+def test_uid_grading_names_the_folder_its_user_cannot_enter(handouts, reachable):
     # the uid sandbox's user must reach Python and the temporary folder the grading tree is made in: where it
     # cannot, grading refuses at start, naming the folder, and Gradescope's results.json says so with its
     # max_score; following the advice (chmod o+x) lets the same command grade
-    root = make_class(handouts, tmp_path, 5, {'good': []})
-    temp = private_folder(tmp_path)
-    results = tmp_path / 'results.json'
+    root = make_class(handouts, reachable, 5, {'good': []})
+    temp = private_folder(reachable)
+    results = reachable / 'results.json'
     command = [sys.executable, os.path.join(HERE, 'course.py'), 'grade', '5', str(root / 'good'), '--sandbox', 'uid',
                '--gradescope', str(results)]
     p = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(temp)), timeout=600)
@@ -1089,7 +1098,7 @@ GRADESCOPE_ATTACK = """    import glob, os, subprocess, sys
 
 
 @pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
-def test_the_gradescope_autograder_grades_one_submission_per_run(handouts, tmp_path, sandbox, python_for_everyone):
+def test_the_gradescope_autograder_grades_one_submission_per_run(handouts, tmp_path, sandbox, reachable):
     # the zip, unpacked into a fake /autograder (AUTOGRADER_ROOT), its run_autograder run once per submission as
     # Gradescope would: an honest, a wrong and an attacking submission each get the right results.json
     import zipfile
