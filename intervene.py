@@ -58,20 +58,19 @@ def tied(model, ties):
     return twin
 
 
-@torch.no_grad()
 def nll(model, val, eval_tokens, batch_size, device):
-    """Mean NLL per token over the first eval_tokens // T windows of val (train.py's evaluation windows)."""
-    from run_kit.common import get_windows
+    """Mean NLL per token over the first eval_tokens // T windows of val: train.py's evaluation (train.evaluate,
+    its windows and batches), as a run's logged validation loss is computed."""
+    from contextlib import nullcontext
+    import train
+    from run_kit.run_control import ThisProcess
     T = model.config.block_size
     n = min((len(val) - 1) // T, eval_tokens // T)
-    total, count = 0.0, 0
-    for first in range(0, n, batch_size):
-        windows = list(range(first, min(first + batch_size, n)))
-        x, y = get_windows(val, windows, T)
-        _, loss = model(x.to(device), y.to(device))
-        total += loss.double().item() * y.numel()
-        count += y.numel()
-    return total / count
+    cfg = dict(block_size=T, log_routing=False, residual=model.config.residual)
+    loss, _ = train.evaluate(model, model, val, train.eval_batches(n, 0, 1, batch_size), [], cfg,
+                             ThisProcess(False, 0, 1, device, torch.device(device).type), nullcontext())
+    model.eval()   # (evaluate hands the model back in training mode)
+    return loss
 
 
 def interventions(model, val, eval_tokens, batch_size, device='cpu'):
