@@ -32,9 +32,9 @@ from configurator import configure, exit_on_help
 exit_on_help(__name__, __file__, 'docs/performance.md (what was measured, and how)')   # before torch loads
 import torch
 
-from fast_read.two_phase_read import TwoPhaseGPT, compile_model
-from model import GPT, GPTConfig, RESIDUAL_MODES
-from run_kit.common import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
+from fast_read.two_phase_read import compile_model
+from model import RESIDUAL_MODES
+from run_kit.common import build_model, detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),   # the modes to measure, comma-separated: every mode of model.py
@@ -72,9 +72,7 @@ def build(cfg, mode, device):
     (fast_read/two_phase_read.py) instead of the plain read."""
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
-    model = (TwoPhaseGPT if variant == 'two_phase' else GPT)(GPTConfig(
-        n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'], block_size=cfg['block_size'],
-        residual=residual, attnres_block_size=cfg['attnres_block_size'])).to(device)
+    model = build_model(dict(cfg, residual=residual, depth_read=variant or 'plain')).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
     options = dict(backend=counted(cfg['backend'], mode))
     runner = compile_model(model, **options) if cfg['compile'] and not cfg['compile_regional'] else model   # as train.py
@@ -228,8 +226,7 @@ def bench_checkpoint(cfg):
     train.py saves it), hashed as save_checkpoint and load_checkpoint do, against writing it."""
     import tempfile
     from run_kit.run_files import content_digest
-    model = GPT(GPTConfig(n_layer=cfg['n_layer'], n_head=cfg['n_head'], n_embd=cfg['n_embd'],
-                          block_size=cfg['block_size'], residual='rd_attnres', attnres_block_size=cfg['attnres_block_size']))
+    model = build_model(dict(cfg, residual='rd_attnres', depth_read='plain'))
     state = dict(model=model.state_dict(),
                  optimizer=dict(state={i: dict(step=torch.tensor(1.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                                        for i, p in enumerate(model.parameters())}))
@@ -301,7 +298,7 @@ def traffic_model(cfg):
     for name, shape in shapes.items():
         for mode in ('attnres', 'rd_attnres'):
             with torch.device('meta'):
-                model = GPT(GPTConfig(block_size=1024, residual=mode, **shape))
+                model = build_model(dict(shape, block_size=1024, residual=mode))
             backbone = 6 * model.get_num_params() + 12 * shape['n_layer'] * shape['n_embd'] * 1024
             one, two = two_phase_bytes_per_token(model)
             for read, nbytes, detail in (('plain', read_bytes_per_token(model), ''),

@@ -46,21 +46,21 @@ EXIT_NOT_GRADED = 3   # grade's exit status when a submission could not be grade
 
 ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the grader: course_kit/grader.py
     1: dict(title="The depth read",
-            task="implement the depth read: logits = (x_s * q_r).sum(-1) * (1/rms(x_s)) per source and route "
+            task="implement the depth read: scores = (b_s * w_r).sum(-1) * (1/rms(b_s)) per source and route "
                  "(an elementwise product and a sum, no matmul, no 1/sqrt(d)), a softmax over the sources and "
                  "the raw sources mixed by alpha, in float32 with autocast off (float64 stays float64)"),
     2: dict(title="RD-AttnRes: the routes of a read point",
-            task="one pseudo-query per route (in the order of self.routes, also when two routes share a query) "
-                 "with the key gain folded in; then the attention inputs: x_qk from the first route, x_v from "
+            task="one pseudo-query per route (in the order of self.routes, also when two routes share one) "
+                 "with the source gain folded in; then the attention inputs: x_qk from the first route, x_v from "
                  "the last, both through norm_attn"),
     3: dict(title="The block bookkeeping",
             task="keep the sources: the embedding as its own source, the partial of the current AttnRes block "
                  "(a sum of the block's outputs, the embedding never added in), a block closed after its S-th "
                  "sublayer, then the final read over all blocks; sublayer l's output is "
-                 "self.sublayer(l, self.read_point(l)(sources, log))"),
+                 "self.sublayer_output(l, self.read_point(l)(sources, log))"),
     4: dict(title="The paired data order",
             task="the windows of optimizer step `step`, all ranks together, as a list of ints: the slice "
-                 "[step*W, (step+1)*W) of the epochs' seed-keyed permutations (window_order), crossing into the "
+                 "[step*M, (step+1)*M) of the epochs' seed-keyed permutations (window_order), crossing into the "
                  "next epoch where needed"),
     5: dict(title="The paired statistics",
             task="mean and sample sd (n - 1) of the paired differences, the 95% t-interval half-width, the wins "

@@ -40,21 +40,21 @@ DEFAULTS = dict(
                            # run checked against the committed one before its weights stand for it)
     device='cpu',
 )
-# intervention -> {query name: the query name whose values it takes}, per mode
+# intervention -> {pseudo-query: the pseudo-query whose numbers it takes}, per mode
 TIES = {
-    'rd_attnres': {'v_as_qk': {'value_query': 'attn_query'}, 'qk_as_v': {'attn_query': 'value_query'}},
-    'ctrl_heads': {'heads2_as_heads1': {'heads2_query': 'attn_query'}, 'heads1_as_heads2': {'attn_query': 'heads2_query'}},
+    'rd_attnres': {'v_as_qk': {'w_v': 'w_qk'}, 'qk_as_v': {'w_qk': 'w_v'}},
+    'ctrl_heads': {'heads2_as_heads1': {'w_heads2': 'w_heads1'}, 'heads1_as_heads2': {'w_heads1': 'w_heads2'}},
 }
 
 
 def tied(model, ties):
-    """A copy of model whose attention reads use, for each name in ties, the values of another pseudo-query."""
+    """A copy of model whose attention reads use, for each pseudo-query named in ties, another one's numbers."""
     import copy
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for block in twin.transformer.h:
-            for name, source in ties.items():
-                getattr(block.attn_read, name).copy_(getattr(block.attn_read, source))
+            for name, other in ties.items():
+                getattr(block.attn_read, name).copy_(getattr(block.attn_read, other))
     return twin
 
 

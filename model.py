@@ -1,29 +1,28 @@
 """
 A GPT language model with three kinds of residual connection, selected by one flag.
 
-    residual='standard'    h_{l+1} = h_l + f_l(h_l)                        the pre-norm baseline
+    residual='standard'    x_{l+1} = x_l + f_l(x_l)                        the pre-norm baseline
     residual='attnres'     h_l = sum_s softmax_s(w_l . RMSNorm(b_s)) b_s   Block Attention Residuals
-    residual='rd_attnres'  the same read twice before attention: one route for Q/K,
-                           one for V (Role-Decoupled Attention Residuals)
+    residual='rd_attnres'  two reads before attention, one route for its q/k, one for its v (Role-Decoupled)
 
 plus the RD-AttnRes paper's three early-budget controls (ctrl_params, ctrl_dup, ctrl_fixed_v) and
 ctrl_heads, our control for "two different reads, whatever the split" (docs/controls.md). Everything
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
-Glossary (README: "The method in a few lines of math"); each letter has one meaning
+Glossary (README: "The method"). The depth read has its own words; q, k, v are token attention's only
     sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers, l = 0 .. L-1
     S, N, d   attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); a read's sources; the width
     AttnRes block  S consecutive sublayers (not a transformer Block, not block_size, the context length)
     source    what a read chooses from: b_0 = the embedding, b_n = the sum of AttnRes block n's outputs, the partial
-    partial   the sum of the outputs of the current AttnRes block so far
-    read      h = sum_s alpha_s * x_s, alpha = softmax_s(w . RMSNorm(x_s)): a learned pseudo-query w against
-              RMS-normalised keys, raw values mixed (h: a read's output; transformer.h, nanoGPT's list of Blocks)
-    route     one softmax of a read, with its own w: qk (feeds queries and keys; attnres's only route), v (feeds
-              values: RD-AttnRes), heads1 / heads2 (ctrl_heads: halves of the heads), mlp, final
-The lines between `### BEGIN SOLUTION n` and `### END SOLUTION` (in a student's handout: `### BEGIN YOUR CODE
-(assignment n)` and `### END YOUR CODE (assignment n)`) are what assignment n of the course kit asks students
-to write (COURSE.md); Python ignores the markers.
+    partial   the sum of the outputs of the current AttnRes block so far (shown as `part`)
+    read      h = sum_s alpha_s b_s, alpha = softmax_s(w . RMSNorm(b_s)): a pseudo-query w scores the normalised
+              sources, alpha mixes the raw ones (the gain of that RMSNorm: source_gain). h: a read's output
+              (transformer.h keeps nanoGPT's name for the list of Blocks: the checkpoints' tensor names)
+    route     one softmax of a read, with its own pseudo-query w_<route>: qk (feeds attention's q and k, and in
+              attnres v too), v (feeds attention's v: RD-AttnRes), heads1/heads2 (ctrl_heads), mlp, final
+`### BEGIN SOLUTION n` ... `### END SOLUTION` (a student's handout: BEGIN/END YOUR CODE (assignment n)) mark
+what assignment n of the course kit asks students to write (COURSE.md); Python ignores the markers.
 """
 
 import math
@@ -34,19 +33,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from run_kit.routing import summarise_read
-
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
-# The read before each attention sublayer, per mode: its routes and each one's pseudo-query. The first is
-# always attn_query, so tying the second to it gives attnres back (ctrl_dup: attnres's function at
-# rd_attnres's compute). rd_attnres splits attention's input by role, ctrl_heads by heads (roles coupled).
+# The read before each attention sublayer, per mode: its routes and each one's pseudo-query (the controls'
+# routes too; their attention is control_attention, at the end of this file). Tying the second pseudo-query
+# to the first gives attnres back (ctrl_dup: attnres's function at rd_attnres's compute). rd_attnres splits
+# attention's input by role, ctrl_heads by heads (roles coupled).
 ATTENTION_ROUTES = {
-    'attnres':      {'qk': 'attn_query'},
-    'ctrl_params':  {'qk': 'attn_query'},
-    'rd_attnres':   {'qk': 'attn_query', 'v': 'value_query'},
-    'ctrl_fixed_v': {'qk': 'attn_query', 'v': 'value_query'},   # value_query frozen at zero (a buffer)
-    'ctrl_dup':     {'qk': 'attn_query', 'v': 'attn_query'},
-    'ctrl_heads':   {'heads1': 'attn_query', 'heads2': 'heads2_query'},
+    'attnres':      {'qk': 'w_qk'},
+    'ctrl_params':  {'qk': 'w_qk'},
+    'rd_attnres':   {'qk': 'w_qk', 'v': 'w_v'},
+    'ctrl_fixed_v': {'qk': 'w_qk', 'v': 'w_v'},   # w_v frozen at zero (a buffer)
+    'ctrl_dup':     {'qk': 'w_qk', 'v': 'w_qk'},
+    'ctrl_heads':   {'heads1': 'w_heads1', 'heads2': 'w_heads2'},
 }
 RMS_EPS = 1e-6
 
@@ -102,7 +100,7 @@ def apply_rotary(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal attention. Q and K are computed from one input, V from another, so that RD-AttnRes
+    """Multi-head causal attention. q and k are computed from one input, v from another, so that RD-AttnRes
     can feed them from two depth routes; attnres passes one tensor twice and gets ordinary attention."""
 
     def __init__(self, config):
@@ -146,9 +144,9 @@ def fp32(x):
 
 
 def source(x):
-    """A depth source as the reads use it: (x in float32, like the standard residual stream under autocast,
-    1/rms(x) (B, T, 1)). Its key is RMSNorm(x) = x * (1/rms(x)) * gain; with the gain folded into the query
-    (DepthRead), its keys cost one (B, T, 1) tensor per forward, never a normalised copy of x."""
+    """A depth source as the reads use it: (b in float32, like the standard residual stream under autocast,
+    1/rms(b) (B, T, 1)). A read scores RMSNorm(b) = b * (1/rms(b)) * gain; with the gain folded into the
+    pseudo-query (DepthRead), that costs one (B, T, 1) tensor per source per forward, never a normalised copy."""
     x = fp32(x)
     return x, torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
@@ -159,62 +157,63 @@ def n_sources(l, S):
     return 1 + l // S + (l % S != 0)
 
 
-def depth_read(sources, queries):
-    """R depth reads over the same sources at once, one per row of `queries`.
+def read_sources(sources, w):
+    """R depth reads over the same sources at once, one per row of `w`.
 
-        logit[r, s] = queries[r] . RMSNorm(x_s)        (keys are the normalised sources; no 1/sqrt(d))
-        alpha[r]    = softmax over s of logit[r]
-        h[r]        = sum_s alpha[r, s] * x_s           (values are the raw sources)
+        score[r, s] = w[r] . RMSNorm(b_s)              (the normalised sources are scored; no 1/sqrt(d))
+        alpha[r]    = softmax over s of score[r]
+        h[r]        = sum_s alpha[r, s] * b_s           (the raw sources are mixed)
 
-    sources: list of N pairs (x_s (B, T, d) float32, 1/rms(x_s) (B, T, 1)), see source()
-    queries: (R, d) pseudo-queries with the key-norm gain folded in: w . (g * x / rms(x)) = ((w * g) . x) / rms(x)
+    sources: list of N pairs (b_s (B, T, d) float32, 1/rms(b_s) (B, T, 1)), see source()
+    w: (R, d) pseudo-queries with the source norm's gain g folded in: w . (g * b / rms(b)) = ((w * g) . b) / rms(b)
     returns h (R, B, T, d) and alpha (R, B, T, N), both float32 (float64 when the sources are float64).
     """
     x0 = sources[0][0]
     # Float32 even under bf16 autocast: the sources have very different scales, and bf16's 8 bits of mantissa
-    # would blur the mixture. Each logit an elementwise product and a sum, not a matmul: on GPUs with TF32 on a
+    # would blur the mixture. Each score an elementwise product and a sum, not a matmul: on GPUs with TF32 on a
     # matmul rounds its inputs to 10 bits. The read is memory-bound, so this costs the same (compiled, it fuses).
     ### BEGIN SOLUTION 1
     with torch.autocast(device_type=x0.device.type, enabled=False):
-        queries = queries.to(x0.dtype)                                          # (R, d)
-        logits = []
-        for x, inv_rms in sources:                                              # source s: its logit per route
-            logits.append(torch.stack([(x * query).sum(-1) for query in queries]) * inv_rms[..., 0])   # (R, B, T)
-        alpha = torch.stack(logits, -1).softmax(dim=-1)                         # (R, B, T, N)
+        w = w.to(x0.dtype)                                                      # (R, d)
+        scores = []
+        for b, inv_rms in sources:                                              # source s: its score per route
+            scores.append(torch.stack([(b * w_r).sum(-1) for w_r in w]) * inv_rms[..., 0])   # (R, B, T)
+        alpha = torch.stack(scores, -1).softmax(dim=-1)                         # (R, B, T, N)
         # a running sum instead of stacking the sources: no (N, B, T, d) copy is made or kept for backward
-        h = sum(alpha[..., s:s + 1] * x for s, (x, _) in enumerate(sources))    # (R, B, T, d)
+        h = sum(alpha[..., s:s + 1] * b for s, (b, _) in enumerate(sources))    # (R, B, T, d)
     ### END SOLUTION
     return h, alpha
 
 
 class DepthRead(nn.Module):
     """One read point: the read before a sublayer (or the final one). It owns one pseudo-query per distinct
-    query name of its routes, zero at init (the paper: every read starts as the uniform average of its
-    sources), and the gain of its key RMSNorm (ones), folded into the queries; its routes share both."""
+    name in its routes, zero at init (the paper: every read starts as the uniform average of its sources),
+    and the gain of its RMSNorm of the sources (ones), folded into the pseudo-queries; its routes share it."""
 
     def __init__(self, d, sublayer, layer, routes, frozen=()):
         super().__init__()
-        self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: query name}
-        for name in dict.fromkeys(routes.values()):
-            if name in frozen:
-                self.register_buffer(name, torch.zeros(d))   # not learned: this route stays uniform
-            else:
-                setattr(self, name, nn.Parameter(torch.zeros(d)))
-        self.key_gain = nn.Parameter(torch.ones(d))
+        self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: pseudo-query name}
+        for name in dict.fromkeys(routes.values()):   # a frozen one is a buffer: not learned, its route stays uniform
+            zeros = torch.zeros(d)
+            self.register_buffer(name, zeros) if name in frozen else setattr(self, name, nn.Parameter(zeros))
+        self.source_gain = nn.Parameter(torch.ones(d))
 
-    def queries(self):
+    def pseudo_queries(self):
         """The (R, d) pseudo-queries of the routes, one row per route in the order of self.routes (two routes
-        that share a query name are still two rows), with the key-norm gain folded in."""
+        that share a pseudo-query are still two rows), with the source norm's gain folded in."""
         ### BEGIN SOLUTION 2
-        return torch.stack([getattr(self, name) for name in self.routes.values()]) * self.key_gain
+        return torch.stack([getattr(self, name) for name in self.routes.values()]) * self.source_gain
         ### END SOLUTION
 
     def forward(self, sources, log=None):
-        """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it."""
-        h, alpha = depth_read(sources, self.queries())
+        """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it: alpha
+        averaged over the tokens, and the tokens' mean entropy (nats) of theirs (run_kit/routing.py uses them)."""
+        h, alpha = read_sources(sources, self.pseudo_queries())
         if log is not None:
             for r, route in enumerate(self.routes):
-                log.append(summarise_read(self.sublayer, self.layer, route, alpha[r]))
+                a = alpha[r].detach().float()                   # (B, T, N)
+                log.append(dict(sublayer=self.sublayer, layer=self.layer, route=route, alpha=a.mean(dim=(0, 1)),
+                                token_entropy=-(a * a.clamp_min(1e-30).log()).sum(-1).mean()))
         return h
 
 
@@ -235,8 +234,8 @@ class Block(nn.Module):
         if mode == 'standard':
             return
         self.attn_read = DepthRead(d, 2 * layer, layer, ATTENTION_ROUTES[mode],
-                                   frozen=('value_query',) if mode == 'ctrl_fixed_v' else ())
-        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'mlp_query'})
+                                   frozen=('w_v',) if mode == 'ctrl_fixed_v' else ())
+        self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'w_mlp'})
         if mode == 'ctrl_params':
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector (control_attention)
 
@@ -251,15 +250,15 @@ class Block(nn.Module):
     def attention(self, h, cos, sin):
         """The attention sublayer's output from its read h (R, B, T, d)."""
         if self.residual in CONTROLS:
-            return control_attention(self, h, cos, sin)    # the controls: apart, at the end of this file
+            return control_attention(self, h, cos, sin)    # the controls' attention: at the end of this file
         x_qk, x_v = self.attn_inputs(h)
         if self.residual == 'rd_attnres':
-            # RD-AttnRes, the paper's one idea: matching (queries, keys) reads the depth through the qk
-            # route, retrieval (values) through the v route, each with its own pseudo-query
+            # RD-AttnRes, the paper's one idea: matching (attention's q, k) reads the depth through the qk
+            # route, retrieval (attention's v) through the v route, each with its own pseudo-query
             return self.attn(x_qk, x_v, cos, sin)
-        return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds Q, K and V
+        return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds q, k and v
 
-    def sublayer(self, is_attention, h, cos, sin):
+    def sublayer_output(self, is_attention, h, cos, sin):
         """The output of this block's attention sublayer (else its MLP sublayer) from its read h (R, B, T, d).
         The MLP's read has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
         return self.attention(h, cos, sin) if is_attention else self.mlp(self.norm_mlp(h[0]))
@@ -278,7 +277,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         if config.residual != 'standard':  # the read after the last sublayer, into the final norm and head
-            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'final_query'})
+            self.final_read = DepthRead(config.n_embd, 2 * config.n_layer, config.n_layer, {'final': 'w_final'})
         cos, sin = rotary_tables(config.block_size, config.n_embd // config.n_head)
         self.register_buffer('rope_cos', cos, persistent=False)
         self.register_buffer('rope_sin', sin, persistent=False)
@@ -324,9 +323,9 @@ class GPT(nn.Module):
         block = self.transformer.h[l // 2]
         return block.attn_read if l % 2 == 0 else block.mlp_read
 
-    def sublayer(self, l, h):
+    def sublayer_output(self, l, h):
         """The output of sublayer l (attention when l is even, MLP when odd) from its read h (R, B, T, d)."""
-        return self.transformer.h[l // 2].sublayer(l % 2 == 0, h, self.rope_cos, self.rope_sin)
+        return self.transformer.h[l // 2].sublayer_output(l % 2 == 0, h, self.rope_cos, self.rope_sin)
 
     def forward_depth_routed(self, embedding):
         """Every sublayer reads its input from the sources instead of a running sum. Sources are *increments*:
@@ -338,7 +337,7 @@ class GPT(nn.Module):
         partial = None                  # the current AttnRes block's outputs so far, as a source; None when empty
         for l in range(L):              # l: the sublayer's number
             sources = finished if partial is None else finished + [partial]
-            out = self.sublayer(l, self.read_point(l)(sources, log))
+            out = self.sublayer_output(l, self.read_point(l)(sources, log))
             partial = source(out if partial is None else partial[0] + fp32(out))
             if (l + 1) % S == 0:        # the AttnRes block's S-th sublayer: its partial is now finished
                 finished.append(partial)
@@ -368,7 +367,7 @@ class GPT(nn.Module):
         cfg, T = self.config, seq_len or self.config.block_size
         n_params, d = self.get_num_params(), cfg.n_embd
         dense = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
-        # a read over N sources and R routes: R*N dot products of length d (logits) and an R-route
+        # a read over N sources and R routes: R*N dot products of length d (scores) and an R-route
         # weighted sum of N vectors of length d, 2 FLOPs per multiply-add each
         reads = sum(4 * d * R * N for _, R, N in self.read_points())
         return dense + 3 * reads
@@ -405,12 +404,12 @@ def control_attention(block, h, cos, sin):
     x_1, x_2 = block.attn_inputs(h)
     if block.residual == 'ctrl_heads':       # two routes feed two halves of the heads, not two roles
         return attention_by_heads(block.attn, x_1, x_2, cos, sin)
-    return block.attn(x_1, x_2, cos, sin)    # ctrl_dup, ctrl_fixed_v: rd_attnres's wiring of Q/K and V
+    return block.attn(x_1, x_2, cos, sin)    # ctrl_dup, ctrl_fixed_v: rd_attnres's wiring of q/k and v
 
 
 def attention_by_heads(attn, x_heads1, x_heads2, cos, sin):
-    """ctrl_heads: x_heads1 feeds Q, K and V of the first half of the heads, x_heads2 of the other. Rows
-    h*hd:(h+1)*hd of a projection belong to head h: each half is projected by its own rows, none twice."""
+    """ctrl_heads: x_heads1 feeds q, k and v of the first half of the heads, x_heads2 of the other. Rows
+    j*hd:(j+1)*hd of a projection belong to head j: each half is projected by its own rows, none twice."""
     C = x_heads1.size(-1)
     half = C // 2                                                  # the rows of heads 1 .. n_head/2
     rows_q, rows_k = attn.c_qk.weight.split(C)

@@ -26,7 +26,7 @@ from prepare import InputError, gpt2_encoding
 from run_kit.common import MODEL_KEYS, check_device
 from run_kit.routing import source_labels
 from run_kit.run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
-                               write_failed)
+                               renamed_keys, write_failed)
 
 DEFAULTS = dict(
     out_dir='out/quickstart',
@@ -101,7 +101,9 @@ def load_model(cfg):
         tensors = {k: (tuple(t.shape), t.dtype) for k, t in weights.items()}
     config = model_config(saved, source)
     with torch.device('meta'):
-        check_tensors(GPT(config), tensors, source)
+        skeleton = GPT(config)
+        tensors = renamed_keys(skeleton, tensors)   # a file of an older version: today's tensor names
+        check_tensors(skeleton, tensors, source)
     if cfg['weights']:
         try:
             weights = load_file(source)
@@ -120,7 +122,7 @@ def load_model(cfg):
         raise SystemExit(f"{source}: the model its configuration describes ({', '.join(f'{k}={saved[k]}' for k in MODEL_KEYS)}) "
                          f"cannot be built here ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     # every tensor of the model is there (check_tensors), a tied weight once: strict=False lets the other name be
-    model.load_state_dict(weights, strict=not cfg['weights'])
+    model.load_state_dict(renamed_keys(model, weights), strict=not cfg['weights'])
     if cfg['weights']:
         return model, saved, f"{source} (step {saved.get('step')})"
     saved = dict(saved, step=ckpt['step'], best_val_loss=ckpt['best_val_loss'])

@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass, field
 
 from configurator import configure
-from run_kit.common import FROZEN_ON_RESUME, MODEL_KEYS, schedule_length
+from run_kit.common import FROZEN_ON_RESUME, build_model, schedule_length
 from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
                                existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log)
 
@@ -297,9 +297,8 @@ def run_state(path):
 def run_flops(cfg):
     """Training + evaluation FLOPs of a run, from its configuration (the model built on the meta device, no memory)."""
     import torch
-    from model import GPT, GPTConfig
     with torch.device('meta'):
-        model = GPT(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS}))
+        model = build_model(cfg)
     train_tokens = cfg['max_iters'] * cfg['total_batch_size']
     eval_tokens = (cfg['max_iters'] // cfg['eval_interval'] + 1) * cfg['eval_tokens']
     per_token = model.flops_per_token()

@@ -2,7 +2,7 @@
 Tests of model.py, one group per concept. The course kit's assignments select theirs with a marker
 (pytest -m assignment1; COURSE.md); the hidden tests are in test_hidden.py.
 
-  1. tie recovery          rd_attnres with value_query tied to attn_query is attnres
+  1. tie recovery          rd_attnres with w_v tied to w_qk is attnres
   2. equal at init         every control and rd_attnres start as attnres
   3. parameter delta       one model-width vector per attention sublayer
   4. paired init           shared parameters are bit-identical across all modes for one seed
@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from fast_read.two_phase_read import TwoPhaseGPT
-from model import ATTENTION_ROUTES, GPT, GPTConfig, RESIDUAL_MODES, depth_read, n_sources, source
+from model import ATTENTION_ROUTES, GPT, GPTConfig, RESIDUAL_MODES, read_sources, n_sources, source
 from run_kit.routing import entropy, js_divergence, mean_depth, routing_summary, source_labels
 
 VOCAB = 97
-QUERY_NAMES = ('attn_query', 'value_query', 'mlp_query', 'final_query', 'heads2_query')
+QUERY_NAMES = ('w_qk', 'w_v', 'w_mlp', 'w_final', 'w_heads1', 'w_heads2')
 
 
 def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64, n_head=2):
@@ -39,13 +39,13 @@ def make(residual, S=2, seed=0, n_layer=3, dtype=torch.float64, n_head=2):
 
 
 def perturb(model, seed=1, scale=1.0):
-    """Random non-zero pseudo-queries and key-norm gains, so that the reads are far from uniform."""
+    """Random non-zero pseudo-queries and source gains, so that the reads are far from uniform."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.split('.')[-1] in QUERY_NAMES:
                 p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            elif 'key_gain' in name or 'input_gain' in name:
+            elif 'source_gain' in name or 'input_gain' in name:
                 p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return model
 
@@ -57,9 +57,12 @@ def batch(B=2, T=12, seed=0):
 
 
 def copy_shared(src, dst):
-    """Copy every parameter/buffer that both models have from src into dst."""
+    """Copy every parameter/buffer that both models have from src into dst; an attnres model's w_qk is also
+    ctrl_heads's first pseudo-query, w_heads1 (its first route: attnres's read)."""
     dst_state = dst.state_dict()
-    dst_state.update({k: v for k, v in src.state_dict().items() if k in dst_state})
+    src_state = {k.replace('.w_qk', '.w_heads1') if dst.config.residual == 'ctrl_heads' else k: v
+                 for k, v in src.state_dict().items()}
+    dst_state.update({k: v for k, v in src_state.items() if k in dst_state})
     dst.load_state_dict(dst_state)
 
 
@@ -86,12 +89,12 @@ def assert_same_function_and_gradients(plain, other, tol=1e-12, what=''):
 # ---------------------------------------------------------------------------------------------
 # 1. Tie recovery (README: "The method in a few lines of math", rd_attnres)
 
-# the second route of each two-route mode with learned queries: rd_attnres's V route, ctrl_heads's
-# route of the second half of the heads
-SECOND_QUERY = {'rd_attnres': 'value_query', 'ctrl_heads': 'heads2_query'}
+# the pseudo-queries of each two-route mode with learned ones: rd_attnres's qk and v routes, ctrl_heads's
+# routes of the two halves of the heads; the first is the parent's w_qk (copy_shared)
+ROUTE_QUERIES = {'rd_attnres': ('w_qk', 'w_v'), 'ctrl_heads': ('w_heads1', 'w_heads2')}
 
 
-@pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
+@pytest.mark.parametrize('mode', sorted(ROUTE_QUERIES))
 @pytest.mark.parametrize('S', [1, 2, 3])
 def test_tied_second_route_recovers_attnres(mode, S):
     # rd_attnres: the value route *is* the Q/K route; ctrl_heads: both halves of the heads read one input
@@ -99,12 +102,13 @@ def test_tied_second_route_recovers_attnres(mode, S):
     parent = perturb(make('attnres', S))
     model = make(mode, S)
     copy_shared(parent, model)
+    first, second = ROUTE_QUERIES[mode]
     for block in model.transformer.h:    # tie: one tensor for both routes
-        setattr(block.attn_read, SECOND_QUERY[mode], block.attn_read.attn_query)
+        setattr(block.attn_read, second, getattr(block.attn_read, first))
     loss_p, loss_m = assert_same_function(parent, model, idx, targets)
     loss_p.backward()
     loss_m.backward()
-    grads = dict(model.named_parameters())
+    grads = {name.replace(first, 'w_qk'): p for name, p in model.named_parameters()}   # by the parent's names
     for name, p in parent.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-10, atol=1e-12, msg=name)
 
@@ -117,18 +121,18 @@ def test_value_route_equal_to_qk_route_splits_the_gradient():
     copy_shared(parent, rd)
     with torch.no_grad():
         for block in rd.transformer.h:
-            block.attn_read.value_query.copy_(block.attn_read.attn_query)
+            block.attn_read.w_v.copy_(block.attn_read.w_qk)
     loss_p, loss_rd = assert_same_function(parent, rd, idx, targets)
     loss_p.backward()
     loss_rd.backward()
     for layer, (bp, br) in enumerate(zip(parent.transformer.h, rd.transformer.h)):
         bp, br = bp.attn_read, br.attn_read
-        torch.testing.assert_close(bp.attn_query.grad, br.attn_query.grad + br.value_query.grad,
+        torch.testing.assert_close(bp.w_qk.grad, br.w_qk.grad + br.w_v.grad,
                                    rtol=1e-10, atol=1e-12)
-        assert layer == 0 or br.value_query.grad.abs().max() > 0  # layer 0 reads one source only
+        assert layer == 0 or br.w_v.grad.abs().max() > 0  # layer 0 reads one source only
 
 
-@pytest.mark.parametrize('mode', sorted(SECOND_QUERY))
+@pytest.mark.parametrize('mode', sorted(ROUTE_QUERIES))
 def test_untied_second_route_changes_the_function(mode):
     # the converse: a different second route is a different model (otherwise the tests above prove nothing).
     idx, targets = batch()
@@ -138,7 +142,7 @@ def test_untied_second_route_changes_the_function(mode):
     perturb(model, seed=7)
     with torch.no_grad():
         for bp, bm in zip(parent.transformer.h, model.transformer.h):
-            bm.attn_read.attn_query.copy_(bp.attn_read.attn_query)
+            getattr(bm.attn_read, ROUTE_QUERIES[mode][0]).copy_(bp.attn_read.w_qk)
     assert (parent(idx, targets)[1] - model(idx, targets)[1]).abs() > 1e-6
 
 
@@ -169,16 +173,16 @@ def test_a_read_point_has_one_query_per_route(mode):
     try:
         h = read(sources, log)
     except (IndexError, RuntimeError) as e:
-        pytest.fail(f"concept 'one query per route, the key gain folded in': the read of {mode} raised {e!r}: one "
+        pytest.fail(f"concept 'one pseudo-query per route, the source gain folded in': the read of {mode} raised {e!r}: one "
                     "query row per route of self.routes, also when two routes share one query name")
     # one row per route, in the order of ATTENTION_ROUTES, each query with the key gain folded in;
     # ctrl_dup's two routes share one query and are still two reads
     names = list(ATTENTION_ROUTES[mode].values())
-    expected, _ = depth_read(sources, torch.stack([getattr(read, n) * read.key_gain for n in names]))
-    torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12, msg=f"concept 'one query per route, the key gain folded in': the reads of {mode} differ from one "
+    expected, _ = read_sources(sources, torch.stack([getattr(read, n) * read.source_gain for n in names]))
+    torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12, msg=f"concept 'one pseudo-query per route, the source gain folded in': the reads of {mode} differ from one "
                                "read per route (in the order of self.routes, a shared query still two rows), each "
                                "query times the key gain")
-    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), "concept 'one query per route, the key gain folded in': one logged read per route, in order"
+    assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), "concept 'one pseudo-query per route, the source gain folded in': one logged read per route, in order"
 
 
 @pytest.mark.assignment2
@@ -190,34 +194,34 @@ def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
     x_qk, x_v = block.attn_inputs(h)
     # Q/K from the first route, V from the last, both through the attention's pre-norm (not norm_mlp)
     torch.testing.assert_close(x_qk, block.norm_attn(h[0]), rtol=1e-12, atol=1e-12,
-                               msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_qk of {mode} is not the first route's read through norm_attn")
+                               msg=f"concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': x_qk of {mode} is not the first route's read through norm_attn")
     torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-12, atol=1e-12,
-                               msg=f"concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': x_v of {mode} is not the last route's read through norm_attn (the "
+                               msg=f"concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': x_v of {mode} is not the last route's read through norm_attn (the "
                                    "attention's own pre-norm, not norm_mlp)")
     if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different queries: two inputs
-        assert (x_qk - x_v).abs().max() > 1e-3, "concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': two routes with different queries give two inputs"
+        assert (x_qk - x_v).abs().max() > 1e-3, "concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': two routes with different queries give two inputs"
     assert len(log) == len(ATTENTION_ROUTES[mode])
 
 
 @pytest.mark.assignment2
-def test_tied_value_query_gives_one_input_and_splits_the_gradient():
+def test_tied_w_v_gives_one_input_and_splits_the_gradient():
     block = perturbed_block('rd_attnres')
     read = block.attn_read
     with torch.no_grad():
-        read.value_query.copy_(read.attn_query)
+        read.w_v.copy_(read.w_qk)
     sources = some_sources()
     x_qk, x_v = block.attn_inputs(read(sources))
     torch.testing.assert_close(x_qk, x_v, rtol=0, atol=0)
     (x_qk.square().sum() + 2 * x_v.sum()).backward()
     parent = perturbed_block('attnres')          # the same weights: one route feeding both
     with torch.no_grad():
-        parent.attn_read.attn_query.copy_(read.attn_query)
-        parent.attn_read.key_gain.copy_(read.key_gain)
+        parent.attn_read.w_qk.copy_(read.w_qk)
+        parent.attn_read.source_gain.copy_(read.source_gain)
         parent.norm_attn.weight.copy_(block.norm_attn.weight)
     p_qk, p_v = parent.attn_inputs(parent.attn_read(sources))
     (p_qk.square().sum() + 2 * p_v.sum()).backward()
-    torch.testing.assert_close(parent.attn_read.attn_query.grad, read.attn_query.grad + read.value_query.grad,
-                               rtol=1e-10, atol=1e-12, msg="concept 'the attention inputs: Q/K from the first route, V from the last, through norm_attn': with value_query = attn_query, rd_attnres must be "
+    torch.testing.assert_close(parent.attn_read.w_qk.grad, read.w_qk.grad + read.w_v.grad,
+                               rtol=1e-10, atol=1e-12, msg="concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': with w_v = w_qk, rd_attnres must be "
                                                            "attnres, its gradient split between the two queries")
 
 
@@ -265,18 +269,18 @@ def test_parameter_delta_is_one_vector_per_attention_sublayer(n_layer):
     assert counts['attnres'] - counts['standard'] == 2 * (2 * n_layer + 1) * d
 
 
-def test_fixed_value_query_is_a_buffer_not_a_parameter():
+def test_fixed_w_v_is_a_buffer_not_a_parameter():
     model = make('ctrl_fixed_v')
     names = dict(model.named_parameters())
-    assert not any(n.endswith('value_query') for n in names)
-    assert all(torch.equal(b.attn_read.value_query, torch.zeros(16, dtype=b.attn_read.value_query.dtype))
+    assert not any(n.endswith('w_v') for n in names)
+    assert all(torch.equal(b.attn_read.w_v, torch.zeros(16, dtype=b.attn_read.w_v.dtype))
                for b in model.transformer.h)
 
 
 def test_pseudo_queries_are_named_and_zero():
     model = make('rd_attnres')
     names = [n for n, _ in model.named_parameters() if n.split('.')[-1] in QUERY_NAMES]
-    assert sorted({n.split('.')[-1] for n in names}) == sorted(set(QUERY_NAMES) - {'heads2_query'})
+    assert sorted({n.split('.')[-1] for n in names}) == sorted(set(QUERY_NAMES) - {'w_heads1', 'w_heads2'})
     assert len(names) == 3 * 3 + 1
     assert all((p == 0).all() for n, p in model.named_parameters() if n in names)
 
@@ -368,7 +372,7 @@ def expected_sources(l, S):
 def test_source_counts_and_labels_by_hand():
     # S = 3, L = 8: blocks {0,1,2} {3,4,5} {6,7}
     assert [n_sources(l, 3) for l in range(9)] == [1, 2, 2, 2, 3, 3, 3, 4, 4]
-    assert source_labels(4, 3, 8) == ['emb', 'b1', 'p'] and source_labels(3, 3, 8) == ['emb', 'b1']
+    assert source_labels(4, 3, 8) == ['emb', 'b1', 'part'] and source_labels(3, 3, 8) == ['emb', 'b1']
     assert source_labels(8, 3, 8) == ['emb', 'b1', 'b2', 'b3'] and source_labels(6, 2, 6) == ['emb', 'b1', 'b2', 'b3']
 
 
@@ -451,15 +455,15 @@ def test_depth_read_is_a_per_token_softmax_mixture():
     g = torch.Generator().manual_seed(0)
     values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
     queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    h, alpha = depth_read([source(v) for v in values], queries)
-    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), "concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
+    h, alpha = read_sources([source(v) for v in values], queries)
+    assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), "concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
     torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64),
-                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
     # token (0, 3), route 1, by hand
     keys = [F.rms_norm(v[0, 3], (8,), eps=1e-6) for v in values]
     a = torch.stack([queries[1] @ k for k in keys]).softmax(0)
     torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)),
-                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': one token's read differs from the equations")
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': one token's read differs from the equations")
 
 
 @pytest.mark.assignment1
@@ -470,12 +474,12 @@ def test_depth_read_of_two_sources_by_hand():
     #   alpha = softmax([1.9799, 0]) = [0.8787, 0.1213]
     #   h = 0.8787 * [3, 4] + 0.1213 * [1, -1] = [2.7573, 3.3934]     (the raw sources mixed)
     xa, xb = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64), torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
-    h, alpha = depth_read([source(xa), source(xb)], torch.tensor([[1.0, 1.0]], dtype=torch.float64))
+    h, alpha = read_sources([source(xa), source(xb)], torch.tensor([[1.0, 1.0]], dtype=torch.float64))
     torch.testing.assert_close(alpha[0, 0, 0], torch.tensor([0.8787, 0.1213], dtype=torch.float64), atol=1e-4, rtol=0,
-                               msg=lambda m: f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': alpha of the worked example is {alpha[0, 0, 0].tolist()}, not "
+                               msg=lambda m: f"concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': alpha of the worked example is {alpha[0, 0, 0].tolist()}, not "
                                              "[0.8787, 0.1213]: logit = w . x / rms(x), no 1/sqrt(d), softmax over the sources")
     torch.testing.assert_close(h[0, 0, 0], torch.tensor([2.7573, 3.3934], dtype=torch.float64), atol=1e-4, rtol=0,
-                               msg=lambda m: f"concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': h of the worked example is {h[0, 0, 0].tolist()}, not "
+                               msg=lambda m: f"concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': h of the worked example is {h[0, 0, 0].tolist()}, not "
                                              "[2.7573, 3.3934]: the values are the raw sources, mixed by alpha")
 
 
@@ -594,7 +598,7 @@ def test_every_parameter_gets_a_gradient_at_init():
     model(*batch())[1].backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert missing == []
-    assert model.transformer.h[1].attn_read.value_query.grad.abs().max() > 0
+    assert model.transformer.h[1].attn_read.w_v.grad.abs().max() > 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,17 +644,17 @@ def test_depth_read_normalises_the_keys_but_mixes_the_raw_values():
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(1, 3, 8, generator=g, dtype=torch.float64) for _ in range(3)]
     queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    h, alpha = depth_read([source(x) for x in xs], queries)
-    h10, alpha10 = depth_read([source(xs[0]), source(10 * xs[1]), source(xs[2])], queries)
+    h, alpha = read_sources([source(x) for x in xs], queries)
+    h10, alpha10 = read_sources([source(xs[0]), source(10 * xs[1]), source(xs[2])], queries)
     # a source's scale does not change its key (up to RMSNorm's eps) ...
     torch.testing.assert_close(alpha10, alpha, rtol=1e-5, atol=1e-6,
-                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
     torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5,   # ... its value is mixed as it is
-                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
-    h0, alpha0 = depth_read([source(x) for x in xs], torch.zeros(2, 8, dtype=torch.float64))
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
+    h0, alpha0 = read_sources([source(x) for x in xs], torch.zeros(2, 8, dtype=torch.float64))
     torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3),  # zero query: the uniform average
-                               msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
-    torch.testing.assert_close(h0[0], sum(xs) / 3, msg="concept 'the read\'s equations: normalised keys, raw values, a softmax over the sources': a zero query reads the plain average of the sources")
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
+    torch.testing.assert_close(h0[0], sum(xs) / 3, msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero query reads the plain average of the sources")
 
 
 @pytest.mark.assignment1
@@ -660,14 +664,14 @@ def test_reads_stay_float32_under_bf16_autocast():
     values = [torch.randn(2, 4, 16, generator=g) * (1 + 5 * s) for s in range(3)]
     queries = torch.randn(2, 16, generator=g)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        h, alpha = depth_read([source(v) for v in values], queries)
-    exact_h, exact_alpha = depth_read([source(v.double()) for v in values], queries.double())
+        h, alpha = read_sources([source(v) for v in values], queries)
+    exact_h, exact_alpha = read_sources([source(v.double()) for v in values], queries.double())
     assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64, \
-        "concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
+        "concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
     torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6,   # not rounded to bf16
-                               msg="concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': alpha under autocast was computed in bf16: turn autocast off for the read")
+                               msg="concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': alpha under autocast was computed in bf16: turn autocast off for the read")
     torch.testing.assert_close(h.double(), exact_h, rtol=1e-5, atol=1e-5,
-                               msg="concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': h under autocast was computed in bf16: turn autocast off for the read")
+                               msg="concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': h under autocast was computed in bf16: turn autocast off for the read")
 
 
 class RecordOps(torch.overrides.TorchFunctionMode):
@@ -685,10 +689,10 @@ def test_depth_read_uses_no_matmul():
     # a matmul would be rounded to TF32 on GPUs (train.py turns TF32 on for the backbone)
     values = [torch.randn(2, 3, 8) for _ in range(3)]
     with RecordOps() as ops:
-        depth_read([source(v) for v in values], torch.randn(2, 8))
+        read_sources([source(v) for v in values], torch.randn(2, 8))
     used = {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot', 'inner', 'dot',
             'baddbmm'} & set(ops.names)
-    assert ops.names and not used, f"concept 'the read as specified: elementwise logits (no matmul), float32 under autocast': the read uses {sorted(used)}: compute each logit as (x * q).sum(-1)"
+    assert ops.names and not used, f"concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': the read uses {sorted(used)}: compute each logit as (x * q).sum(-1)"
 
 
 def test_model_routing_stays_float32_under_bf16_autocast():
@@ -736,7 +740,7 @@ def test_compiled_model_matches_eager():
     logits, loss = compiled(idx, targets)
     loss.backward()
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
-    assert model.transformer.h[2].attn_read.value_query.grad.abs().max() > 0
+    assert model.transformer.h[2].attn_read.w_v.grad.abs().max() > 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,10 +30,10 @@ exit_on_help(__name__, __file__, "docs/training.md; README's Quickstart")   # -h
 import numpy as np
 import torch
 
-from fast_read.two_phase_read import TwoPhaseGPT, compile_model
-from model import GPT, GPTConfig
+from fast_read.two_phase_read import compile_model
+from model import GPT
 from prepare import read_dataset
-from run_kit.common import MODEL_KEYS, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu, windows_hash
+from run_kit.common import build_model, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu, windows_hash
 from run_kit.routing import routing_log
 from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
                                  leave_process_group, note_nonfinite, ranks_agree, should_stop, start_processes,
@@ -296,9 +296,7 @@ def start_run(cfg, proc):
     record = RunRecord(cfg, proc.master)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
-    # depth_read='two_phase': TwoPhaseGPT, the same function as GPT's plain read, computed per AttnRes block
-    model = (TwoPhaseGPT if cfg['depth_read'] == 'two_phase' else GPT)(
-        GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})).to(proc.device)
+    model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
     optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                            (cfg['beta1'], cfg['beta2']), proc.device_type)
     scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'],

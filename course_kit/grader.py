@@ -147,14 +147,14 @@ def generator(seed):
 
 
 def sources(seed, n, d=8, dtype=None):
-    """n sources of very different scales (so that normalised keys matter), (2, 3, d)."""
+    """n sources of very different scales (so that normalising them before scoring matters), (2, 3, d)."""
     import torch
     g = generator(seed)
     return {f'x{i}': torch.randn(2, 3, d, generator=g, dtype=dtype or torch.float64) * (1 + 3 * i) for i in range(n)}
 
 
 def model_weights(config, seed):
-    """A small model of the instructor's code with every pseudo-query, key gain and pre-norm gain random,
+    """A small model of the instructor's code with every pseudo-query, source gain and pre-norm gain random,
     so that no read is uniform and the two pre-norms differ; as tensors 'w.<name>'."""
     import warnings
     import torch
@@ -166,9 +166,9 @@ def model_weights(config, seed):
     g = generator(seed + 1)
     with torch.no_grad():
         for name, p in gpt.named_parameters():
-            if name.endswith('_query'):
+            if name.split('.')[-1].startswith('w_'):   # a pseudo-query: w_qk, w_v, ...
                 p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-            elif name.endswith(('key_gain', 'input_gain', 'norm_attn.weight', 'norm_mlp.weight')):
+            elif name.endswith(('source_gain', 'input_gain', 'norm_attn.weight', 'norm_mlp.weight')):
                 p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return {f'w.{k}': v for k, v in gpt.state_dict().items()}
 
@@ -253,7 +253,7 @@ def all_of(*compares):
 
 def as_specified(got, ref):
     """The read under autocast (got: h, alpha) against the same code's read in float64 (h64, alpha64): float32,
-    not rounded to bf16; and a read: alpha a distribution over the sources that the queries move."""
+    not rounded to bf16; and a read: alpha a distribution over the sources that the pseudo-queries move."""
     import torch
     t = got[0]
     for name in ('h', 'alpha', 'h64', 'alpha64'):
@@ -271,7 +271,7 @@ def as_specified(got, ref):
     if not torch.allclose(alpha.sum(-1), torch.ones_like(alpha.sum(-1)), atol=1e-9) or (alpha < 0).any():
         return "alpha is not a distribution over the sources (a softmax over the last axis)"
     if not (alpha[0] - alpha[1]).abs().max() > 1e-6:
-        return "alpha is the same for two different queries: no read of the queries"
+        return "alpha is the same for two different pseudo-queries: the read does not use them"
     return None
 
 
@@ -290,21 +290,22 @@ def no_matmul(got, ref):
 
 def assignment1():
     import torch
-    eq = [(f"the read over {n} sources with {r} routes, float64", 'depth_read', dict(n_sources=n),
-           {**sources(10 + n, n), 'queries': torch.randn(r, 8, generator=generator(20 + n), dtype=torch.float64)},
+    eq = [(f"the read over {n} sources with {r} routes, float64", 'read_sources', dict(n_sources=n),
+           {**sources(10 + n, n), 'w': torch.randn(r, 8, generator=generator(20 + n), dtype=torch.float64)},
            same_tensors('h', 'alpha', dtype=torch.float64), None) for n, r in ((1, 1), (2, 1), (3, 2), (5, 3))]
-    f32 = {**sources(31, 4, dtype=torch.float32), 'queries': torch.randn(2, 8, generator=generator(32))}
+    f32 = {**sources(31, 4, dtype=torch.float32), 'w': torch.randn(2, 8, generator=generator(32))}
     # (how the read is computed, not what: under autocast it must give what the same code gives in float64, so
-    # that a wrong formula loses the equations alone; and it must be a read at all, alpha moved by the queries)
-    spec = [("the read under bf16 autocast, float32 sources", 'depth_read_autocast', dict(n_sources=4), f32,
+    # that a wrong formula loses the equations alone; and it must be a read at all, alpha moved by w)
+    spec = [("the read under bf16 autocast, float32 sources", 'read_sources_autocast', dict(n_sources=4), f32,
              as_specified, None),
-            ("the operations of the read", 'depth_read_ops', dict(n_sources=4), f32, no_matmul, None)]
+            ("the operations of the read", 'read_sources_ops', dict(n_sources=4), f32, no_matmul, None)]
     return (
-        Concept("the read's equations: normalised keys, raw values, a softmax over the sources", 2,
-                "keys are x_s / rms(x_s) (already folded: x_s * q times 1/rms), no 1/sqrt(d) or temperature; the "
-                "softmax runs over the sources; the values are the sources as they are", tuple(eq)),
-        Concept("the read as specified: elementwise logits (no matmul), float32 under autocast", 3,
-                "compute each logit as (x * w).sum(-1): a matmul (@, einsum, mm) is rounded to TF32 on GPUs; turn "
+        Concept("the read's equations: normalised sources scored, raw sources mixed, a softmax over the sources", 2,
+                "score each source normalised, b_s / rms(b_s) (already folded: (b_s * w_r).sum(-1) times 1/rms), no "
+                "1/sqrt(d) or temperature; the softmax runs over the sources; alpha mixes the sources as they are",
+                tuple(eq)),
+        Concept("the read as specified: elementwise scores (no matmul), float32 under autocast", 3,
+                "compute each score as (b * w_r).sum(-1): a matmul (@, einsum, mm) is rounded to TF32 on GPUs; turn "
                 "autocast off and keep float32 (float64 inputs stay float64)", tuple(spec)))
 
 
@@ -320,19 +321,19 @@ def assignment2():
     read = [(f"the attention read point of an {mode} model over 3 sources", 'read_point',
              dict(config=config(mode), layer=1, n_sources=3), {**model_weights(config(mode), 40 + i), **sources(50 + i, 3, d=16)},
              all_of(same_tensors('h', rtol=1e-10), same_values('routes')), None) for i, mode in enumerate(MODES)]
-    # (the inputs from a given read, not the code's own: a wrong read point loses "one query per route" alone)
+    # (the inputs from a given read, not the code's own: a wrong read point loses "one pseudo-query per route" alone)
     inputs = [(f"the attention inputs of an {mode} model from a read of {ROUTES_OF[mode]} route(s)",
                'attn_inputs_of', dict(config=config(mode), layer=1),
                {**model_weights(config(mode), 60 + i),
                 'h': torch.randn(ROUTES_OF[mode], 2, 3, 16, generator=generator(70 + i), dtype=torch.float64)},
                same_tensors('x_qk', 'x_v', rtol=1e-10), None) for i, mode in enumerate(MODES)]
     return (
-        Concept("one query per route, the key gain folded in", 2,
+        Concept("one pseudo-query per route, the source gain folded in", 2,
                 "stack getattr(self, name) for every route in self.routes (ctrl_dup's two routes share one name and "
-                "are still two reads), times self.key_gain", tuple(read)),
-        Concept("the attention inputs: Q/K from the first route, V from the last, through norm_attn", 5,
+                "are still two reads), times self.source_gain", tuple(read)),
+        Concept("the attention inputs: q/k from the first route, v from the last, through norm_attn", 5,
                 "x = self.norm_attn(h) for all routes at once (the same pre-norm for both, not norm_mlp), then x[0] "
-                "for queries and keys and x[-1] for values", tuple(inputs)))
+                "for attention's q and k and x[-1] for its v", tuple(inputs)))
 
 
 def source_names(l, S, L):
@@ -416,9 +417,9 @@ def reads_recorded(got, ref):
     return None
 
 
-def queries_learn(got, ref):
+def pseudo_queries_learn(got, ref):
     """Each pseudo-query's gradient given its read's own inputs (seen by a hook): a read of one source has a
-    constant softmax (a zero gradient), a read of more must pass a gradient to its query when it feeds the
+    constant softmax (a zero gradient), a read of more must pass a gradient to its pseudo-query when it feeds the
     loss. So a wrong source is not counted here: only a read that runs apart from the loss."""
     L = ref[1]['L']
     states, calls = got[1].get('grads'), got[1].get('calls')
@@ -468,9 +469,9 @@ def assignment3():
                 "sublayer l reads 1 + l // S + (l % S != 0) sources, the final read 1 + ceil(L / S); pass `log` to "
                 "every read", probes(reads_recorded)),
         Concept("every pseudo-query learns", 1,
-                "a read's query learns when its output reaches the loss: keep every source in the graph (no "
+                "a read's pseudo-query learns when its output reaches the loss: keep every source in the graph (no "
                 ".detach(), .data or torch.no_grad()) and read every block later (the last, shorter one in the final "
-                "read)", probes(queries_learn)))
+                "read)", probes(pseudo_queries_learn)))
 
 
 def same_anywhere(got, ref):

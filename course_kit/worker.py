@@ -31,35 +31,35 @@ MATMULS = {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'te
 # -----------------------------------------------------------------------------
 # The probes: (args, tensors) -> (tensors, values)
 
-def read_sources(t, n):
+def given_sources(t, n):
     import model
     return [model.source(t[f'x{i}']) for i in range(n)]
 
 
-def probe_depth_read(args, t):
-    """Assignment 1: model.depth_read over the given sources and queries (bf16 autocast if asked)."""
+def probe_read_sources(args, t):
+    """Assignment 1: model.read_sources over the given sources and pseudo-queries (bf16 autocast if asked)."""
     import torch
     import model
-    sources = read_sources(t, args['n_sources'])
+    sources = given_sources(t, args['n_sources'])
     ctx = torch.autocast('cpu', dtype=torch.bfloat16) if args.get('autocast') else contextlib.nullcontext()
     with ctx:
-        h, alpha = model.depth_read(sources, t['queries'])
+        h, alpha = model.read_sources(sources, t['w'])
     return {'h': h, 'alpha': alpha}, {}
 
 
-def probe_depth_read_autocast(args, t):
+def probe_read_sources_autocast(args, t):
     """Assignment 1: the read under bf16 autocast on float32 sources, and the same read on the same values in
     float64 (the code's own, to compare with: how it is computed, not what)."""
     import torch
     import model
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        h, alpha = model.depth_read(read_sources(t, args['n_sources']), t['queries'])
+        h, alpha = model.read_sources(given_sources(t, args['n_sources']), t['w'])
     exact = {k: v.double() for k, v in t.items()}
-    h64, alpha64 = model.depth_read(read_sources(exact, args['n_sources']), exact['queries'])
+    h64, alpha64 = model.read_sources(given_sources(exact, args['n_sources']), exact['w'])
     return {'h': h, 'alpha': alpha, 'h64': h64, 'alpha64': alpha64}, {}
 
 
-def probe_depth_read_ops(args, t):
+def probe_read_sources_ops(args, t):
     """Assignment 1: the names of the operations the read runs."""
     from torch.utils._python_dispatch import TorchDispatchMode
     import model
@@ -69,9 +69,9 @@ def probe_depth_read_ops(args, t):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             ops.append(func.overloadpacket.__name__)
             return func(*a, **(kw or {}))
-    sources = read_sources(t, args['n_sources'])
+    sources = given_sources(t, args['n_sources'])
     with Record():
-        model.depth_read(sources, t['queries'])
+        model.read_sources(sources, t['w'])
     return {}, {'ops': sorted(set(ops))}
 
 
@@ -90,7 +90,7 @@ def probe_read_point(args, t):
     given sources, with its routing log."""
     gpt = small_model(args, t)
     log = []
-    h = gpt.transformer.h[args['layer']].attn_read(read_sources(t, args['n_sources']), log)
+    h = gpt.transformer.h[args['layer']].attn_read(given_sources(t, args['n_sources']), log)
     return {'h': h}, {'routes': [r['route'] for r in log]}
 
 

@@ -2,14 +2,14 @@
 The depth reads of a whole model computed in two phases, as the AttnRes paper computes them: the same
 function as model.GPT.forward_depth_routed (the lesson, the plain read), in TwoPhaseGPT, which train.py
 and bench.py build with depth_read='two_phase' (docs/performance.md, "The two-phase read"). It is made of
-model.py's pieces (each read point's queries, each sublayer); only the order of the arithmetic differs.
+model.py's pieces (each read point's pseudo-queries, each sublayer); only the order of the arithmetic differs.
 
 The pseudo-queries do not depend on the input, so when an AttnRes block opens, the reads of all its
 sublayers (every route) over the *finished* sources can be computed at once:
 
     phase 1, once per AttnRes block, over the finished sources b_0 .. b_{n-1}:
-        z[r, s] = (w_r . x_s) / rms(x_s)          (the logits, as depth_read computes them; w_r: route r's query)
-        m[r] = max_s z[r, s],  den[r] = sum_s exp(z[r, s] - m[r]),  num[r] = sum_s exp(z[r, s] - m[r]) x_s
+        z[r, s] = (w_r . b_s) / rms(b_s)          (the scores, as read_sources computes them; w_r: route r's pseudo-query)
+        m[r] = max_s z[r, s],  den[r] = sum_s exp(z[r, s] - m[r]),  num[r] = sum_s exp(z[r, s] - m[r]) b_s
     phase 2, at each sublayer, merges the one source that changes, the partial p (an online softmax):
         z_p = (w_r . p) / rms(p),  m' = max(m, z_p)
         h[r] = (num[r] exp(m - m') + exp(z_p - m') p) / (den[r] exp(m - m') + exp(z_p - m'))
@@ -23,14 +23,14 @@ has one shape and is made of the same operations, and so is every merge, whateve
 what lets compile=True compile one AttnRes block (attnres_block: its phase 1, then its sublayers with
 their merges) once and call it for every block (compile_model, compile_blocks): dynamo sees the same
 shapes, and the block's read points and Blocks are its inputs, not constants. The arithmetic is the
-plain read's: float32 (float64 stays float64) with autocast off, logits as elementwise products and sums
+plain read's: float32 (float64 stays float64) with autocast off, scores as elementwise products and sums
 (no matmul). The routing diagnostics use the plain read (GPT.forward records with it).
 
 This file computes what assignments 1 and 3 of the course kit ask for, a second way: its lines between
 `### BEGIN WITH SOLUTION n` and `### END WITH SOLUTION` come with assignment n's solution. A course handout
 that still has assignment n to write holds, in their place, the lines marked `### HANDOUT:` (commented out
 here): a whole file that computes nothing a student writes. Phase 1 keeps the sources and phase 2 reads them
-with model.depth_read (assignment 1); TwoPhaseGPT's forward pass is the plain one, GPT.forward_depth_routed
+with model.read_sources (assignment 1); TwoPhaseGPT's forward pass is the plain one, GPT.forward_depth_routed
 (assignment 3), and TWO_PHASE is False, so that the tests of the two-phase computation itself skip.
 """
 
@@ -75,12 +75,12 @@ class TwoPhaseGPT(GPT):
         return torch.compile(self, dynamic=False, **options)
 
 
-def phase1(x, inv_rms, bias, queries):
-    """The online-softmax state (m, den, num) of the routes' queries (R, d) over the finished sources, kept as
+def phase1(x, inv_rms, bias, w):
+    """The online-softmax state (m, den, num) of the routes' pseudo-queries w (R, d) over the finished sources, kept as
     one tensor x (N, B, T, d) with their 1/rms (N, B, T) and bias (N,): 0 for a source, -inf for padding.
     m, den: (R, B, T, 1); num: (R, B, T, d)."""
     ### BEGIN WITH SOLUTION 1
-    z = (x[None] * queries[:, None, None, None, :]).sum(-1) * inv_rms[None] + bias[None, :, None, None]   # (R, N, B, T)
+    z = (x[None] * w[:, None, None, None, :]).sum(-1) * inv_rms[None] + bias[None, :, None, None]   # (R, N, B, T)
     m = z.amax(1, keepdim=True)
     e = (z - m).exp()
     num = (e[..., None] * x[None]).sum(1)                            # (R, B, T, d)
@@ -89,21 +89,21 @@ def phase1(x, inv_rms, bias, queries):
     ### END WITH SOLUTION
 
 
-def phase2(state, queries, partial):
+def phase2(state, w, partial):
     """h (R, B, T, d): the state of phase 1 with the partial merged in (or as it is, without one)."""
     ### BEGIN WITH SOLUTION 1
     m, den, num = state
     if partial is None:
         return num / den
     x, inv_rms = partial
-    z = (x[None] * queries[:, None, None, :]).sum(-1, keepdim=True) * inv_rms[None]   # (R, B, T, 1)
+    z = (x[None] * w[:, None, None, :]).sum(-1, keepdim=True) * inv_rms[None]   # (R, B, T, 1)
     m2 = torch.maximum(m, z)
     c, e = (m - m2).exp(), (z - m2).exp()
     return (num * c + e * x[None]) / (den * c + e)
-    ### HANDOUT: from model import depth_read   # (this handout: the plain read of the sources and the partial)
+    ### HANDOUT: from model import read_sources   # (this handout: the plain read of the sources and the partial)
     ### HANDOUT: x, inv_rms, bias = state
     ### HANDOUT: sources = [(x[i], inv_rms[i][..., None]) for i in range(len(x)) if bias[i] == 0]   # (not the padding)
-    ### HANDOUT: return depth_read(sources + ([partial] if partial is not None else []), queries)[0]
+    ### HANDOUT: return read_sources(sources + ([partial] if partial is not None else []), w)[0]
     ### END WITH SOLUTION
 
 
@@ -119,16 +119,16 @@ def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
     (x, inv_rms, bias, as phase1 takes them), then each sublayer in turn, its read merged with the partial.
     is_attention[i], reads[i], blocks[i]: sublayer i of the block is an attention sublayer (else an MLP), its
     DepthRead, its transformer Block. Returns the block's sum of outputs as a source (x, 1/rms)."""
-    with torch.autocast(device_type=x.device.type, enabled=False):   # the reads are float32, as in depth_read
-        queries = [read.queries().to(x.dtype) for read in reads]
-        rows = [sum(len(q) for q in queries[:i]) for i in range(len(queries) + 1)]
-        m, den, num = phase1(x, inv_rms, bias, torch.cat(queries))
+    with torch.autocast(device_type=x.device.type, enabled=False):   # the reads are float32, as in read_sources
+        w = [read.pseudo_queries().to(x.dtype) for read in reads]
+        rows = [sum(len(w_i) for w_i in w[:i]) for i in range(len(w) + 1)]
+        m, den, num = phase1(x, inv_rms, bias, torch.cat(w))
     partial = None
     for i, block in enumerate(blocks):
         with torch.autocast(device_type=x.device.type, enabled=False):
             state = (m[rows[i]:rows[i + 1]], den[rows[i]:rows[i + 1]], num[rows[i]:rows[i + 1]])
-            h = phase2(state, queries[i], partial)
-        out = block.sublayer(is_attention[i], h, cos, sin)
+            h = phase2(state, w[i], partial)
+        out = block.sublayer_output(is_attention[i], h, cos, sin)
         partial = source(out if partial is None else partial[0] + fp32(out))
     return partial
 ### END WITH SOLUTION
@@ -156,8 +156,8 @@ def forward_two_phase(model, embedding):
             x, inv_rms = shift_in(x, partial[0]), shift_in(inv_rms, partial[1][..., 0])
             bias = shift_in(bias, torch.zeros((), dtype=dtype, device=device))
     with torch.autocast(device_type=device.type, enabled=False):   # the final read: the last block is its partial
-        queries = model.final_read.queries().to(dtype)
-        h = phase2(phase1(x, inv_rms, bias, queries), queries, partial)
+        w = model.final_read.pseudo_queries().to(dtype)
+        h = phase2(phase1(x, inv_rms, bias, w), w, partial)
     return h[0]
     ### HANDOUT: return GPT.forward_depth_routed(model, embedding)   # (the two-phase read: with assignment 3's solution)
     ### END WITH SOLUTION

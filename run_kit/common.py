@@ -148,7 +148,17 @@ def tune_cpu_allocator():
 
 
 # -----------------------------------------------------------------------------
-# The model's keys, checked
+# The model a run's configuration describes, and its keys checked
+
+def build_model(cfg):
+    """The model of a run's configuration (its MODEL_KEYS, and depth_read): GPT, or TwoPhaseGPT where
+    depth_read='two_phase' (the same function and parameters, the reads computed per AttnRes block). On the
+    current device (torch.device('meta') for a model without memory); the vocabulary is GPTConfig's."""
+    from fast_read.two_phase_read import TwoPhaseGPT
+    from model import GPT, GPTConfig
+    config = GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
+    return (TwoPhaseGPT if cfg.get('depth_read') == 'two_phase' else GPT)(config)
+
 
 def model_problems(cfg):
     """What is wrong with the model keys of a configuration ([] if nothing): train.py's own (run_control.validate)
@@ -163,7 +173,7 @@ def model_problems(cfg):
     bad = [f"{k}={cfg[k]!r} must be > 0" for k in MODEL_KEYS if k != 'residual' and cfg[k] <= 0]
     if not bad:
         try:
-            GPTConfig(vocab_size=50304, **{k: cfg[k] for k in MODEL_KEYS})
+            GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
         except ValueError as e:
             bad.append(str(e))
     return bad

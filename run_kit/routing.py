@@ -2,8 +2,8 @@
 Routing diagnostics: where the depth reads of one forward pass read from, in numbers.
 
 With model.record_routing = True, a forward pass of model.GPT keeps one record per route of every
-read (summarise_read): its depth distribution averaged over the tokens, alpha (one share per source:
-0 = the embedding, n = block n, then the partial) and its mean per-token entropy. train.py logs
+read (model.DepthRead.forward): its depth distribution averaged over the tokens, alpha (one share per
+source: 0 = the embedding, n = block n, then the partial) and its tokens' mean entropy. train.py logs
 routing_summary() of the first validation batch at every evaluation; sample.py prints the records
 with source_labels(); compare.py tabulates and plots them.
 """
@@ -11,22 +11,10 @@ with source_labels(); compare.py tabulates and plots them.
 import torch
 
 
-def entropies(p):
-    """Entropy in nats of each distribution over the last axis of p, in p's dtype."""
-    return -(p * p.clamp_min(1e-30).log()).sum(-1)
-
-
-@torch.no_grad()
-def summarise_read(sublayer, layer, route, alpha):
-    """One route's depth distribution (B, T, N sources): its mean over tokens and its mean per-token entropy."""
-    alpha = alpha.float()
-    return dict(sublayer=sublayer, layer=layer, route=route, alpha=alpha.mean(dim=(0, 1)),
-                token_entropy=entropies(alpha).mean())
-
-
 def entropy(p):
-    """Entropy in nats of a distribution over depth sources."""
-    return float(entropies(p.double())) + 0.0  # + 0.0 turns -0.0 into 0.0
+    """Entropy in nats of a distribution over depth sources (as model.DepthRead computes each token's)."""
+    p = p.double()
+    return float(-(p * p.clamp_min(1e-30).log()).sum(-1)) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
 def mean_depth(p):
@@ -42,9 +30,9 @@ def js_divergence(p, q):
 
 def source_labels(l, S, L):
     """Names of the sources of the read before sublayer l (S: attnres_block_size, L: sublayers), for
-    people: emb, b1, b2, ..., and p for the partial."""
+    people: emb, b1, b2, ..., and part for the partial."""
     finished = l // S + (l == L and L % S != 0)
-    return ['emb'] + [f'b{n}' for n in range(1, finished + 1)] + (['p'] if l < L and l % S else [])
+    return ['emb'] + [f'b{n}' for n in range(1, finished + 1)] + (['part'] if l < L and l % S else [])
 
 
 def routing_summary(routing):

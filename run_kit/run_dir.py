@@ -17,7 +17,7 @@ from run_kit.common import FROZEN_ON_RESUME, detect_peak_flops, schedule_length
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                                killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
                                rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
-                               is_finished)
+                               is_finished, renamed_keys)
 
 
 def fail(message, master=True):
@@ -192,6 +192,7 @@ def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it=True):
     if diff:
         fail(f"cannot resume {ckpt_path}: it was trained with another configuration "
              f"({describe_diff(diff, 'checkpoint', 'now')}). Use the checkpoint's values or another out_dir.", master)
+    ckpt['model'] = renamed_keys(model, ckpt['model'])   # a checkpoint of an older version: today's names
     check_tensors(model, {k: (tuple(t.shape), t.dtype) for k, t in ckpt['model'].items()}, ckpt_path)
     model.load_state_dict(ckpt['model'])
     optimizer.load_state_dict(ckpt['optimizer'])

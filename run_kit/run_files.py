@@ -617,7 +617,25 @@ def model_config(saved, source):
     if bad:
         raise SystemExit(f"{source}: its model configuration is not valid ({'; '.join(bad)}); the file is damaged "
                          "or was not written by this project")
-    return GPTConfig(vocab_size=50304, **{k: saved[k] for k in MODEL_KEYS})
+    return GPTConfig(**{k: saved[k] for k in MODEL_KEYS})
+
+
+# What older versions named each route's pseudo-query (model.ATTENTION_ROUTES today: w_<route>), and the read's
+# gain (key_gain, today source_gain): their checkpoints and exports load under today's names (renamed_keys)
+OLD_NAMES = dict(qk='attn_query', v='value_query', heads1='attn_query', heads2='heads2_query', mlp='mlp_query',
+                 final='final_query')
+
+
+def renamed_keys(model, state):
+    """`state` ({tensor name: anything}, a checkpoint's or an export's) with the names older versions gave the
+    read points' pseudo-queries and gain replaced by `model`'s. Every other name passes through, and so does
+    an old name whose new one is there too (check_tensors then names it as not this model's)."""
+    new = {}
+    for prefix, module in model.named_modules():
+        if hasattr(module, 'routes'):   # a read point (model.DepthRead)
+            new.update({f'{prefix}.{OLD_NAMES[route]}': f'{prefix}.{name}' for route, name in module.routes.items()})
+            new[f'{prefix}.key_gain'] = f'{prefix}.source_gain'
+    return {(new[k] if k in new and new[k] not in state else k): v for k, v in state.items()}
 
 
 def check_tensors(model, tensors, source):

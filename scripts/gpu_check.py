@@ -219,7 +219,7 @@ from run_kit.run_files import load_checkpoint, save_checkpoint
 def peak():
     return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:'))
 shape, device, path = json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
-model = GPT(GPTConfig(vocab_size=50304, residual='rd_attnres', **shape)).to(device)
+model = GPT(GPTConfig(residual='rd_attnres', **shape)).to(device)
 opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device)
 x = torch.zeros(1, 8, dtype=torch.long, device=device)
 model(x, x)[1].backward(); opt.step()                      # AdamW's state exists, as in a run

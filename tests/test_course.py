@@ -30,17 +30,17 @@ HERE = course.HERE
 # Trivial non-solutions, each the whole body of every region of the assignment (in file order): they must
 # score 0 in every concept.
 TRIVIAL = {
-    1: {'uniform': [['    h = torch.stack([sum(x for x, _ in sources) / len(sources)] * len(queries))',
-                     '    alpha = torch.full((len(queries), *x0.shape[:2], len(sources)), 1 / len(sources), dtype=x0.dtype)']],
-        'zeros': [['    h = torch.zeros(len(queries), *x0.shape, dtype=x0.dtype)',
-                   '    alpha = torch.zeros(len(queries), *x0.shape[:2], len(sources), dtype=x0.dtype)']],
-        'identity': [['    h = x0.expand(len(queries), *x0.shape)',
-                      '    alpha = torch.zeros(len(queries), *x0.shape[:2], len(sources), dtype=x0.dtype)',
+    1: {'uniform': [['    h = torch.stack([sum(b for b, _ in sources) / len(sources)] * len(w))',
+                     '    alpha = torch.full((len(w), *x0.shape[:2], len(sources)), 1 / len(sources), dtype=x0.dtype)']],
+        'zeros': [['    h = torch.zeros(len(w), *x0.shape, dtype=x0.dtype)',
+                   '    alpha = torch.zeros(len(w), *x0.shape[:2], len(sources), dtype=x0.dtype)']],
+        'identity': [['    h = x0.expand(len(w), *x0.shape)',
+                      '    alpha = torch.zeros(len(w), *x0.shape[:2], len(sources), dtype=x0.dtype)',
                       '    alpha[..., 0] = 1']]},
-    2: {'zeros': [['        return torch.zeros(len(self.routes), self.key_gain.numel(), dtype=self.key_gain.dtype)'],
+    2: {'zeros': [['        return torch.zeros(len(self.routes), self.source_gain.numel(), dtype=self.source_gain.dtype)'],
                   ['        return torch.zeros_like(h[0]), torch.zeros_like(h[0])']],
-        'identity': [['        return torch.stack([self.key_gain * 0 for _ in self.routes])'], ['        return h[0], h[-1]']],
-        'constant': [['        return torch.stack([self.key_gain * 0 + 1 for _ in self.routes])'],
+        'identity': [['        return torch.stack([self.source_gain * 0 for _ in self.routes])'], ['        return h[0], h[-1]']],
+        'constant': [['        return torch.stack([self.source_gain * 0 + 1 for _ in self.routes])'],
                      ['        return h[0] * 0 + 1, h[-1] * 0 + 1']]},
     3: {'identity': [['        h = embedding']], 'zeros': [['        h = embedding * 0']],
         'uniform': [['        h = self.final_read([source(embedding)], log)[0]']]},
@@ -51,23 +51,23 @@ TRIVIAL = {
         'first value': [['    p = 0.5'], ["    mean, sd, half, wins = deltas[0], float('nan'), float('nan'), 0"]]},
 }
 EQUATIONS, SPECIFIED = "the read's equations", "the read as specified"
-QUERIES, INPUTS = "one query per route", "the attention inputs"
+QUERIES, INPUTS = "one pseudo-query per route", "the attention inputs"
 INCREMENTS, READS, LEARNS = ("sources are increments", "every read point reads its sources and is recorded",
                              "every pseudo-query learns")
 ORDER, ANYWHERE = "the exact order", "the same order on any number of processes"
 TABLE, OTHER, ONE_PAIR = "the paired table", "the statistics on other values", "one pair (n = 1)"
 PLANTED = [
-    (1, 'scaled by 1/sqrt(d)', [('model.py', '(x * query).sum(-1) for query in queries',
-                                  '(x * query).sum(-1) / math.sqrt(x.size(-1)) for query in queries')], {EQUATIONS}),
-    (1, 'logits by matmul', [('model.py', 'torch.stack([(x * query).sum(-1) for query in queries])',
-                               '(x @ queries.T).permute(2, 0, 1)')], {SPECIFIED}),
-    (1, 'keys not normalised', [('model.py', 'for query in queries]) * inv_rms[..., 0]', 'for query in queries])')],
+    (1, 'scaled by 1/sqrt(d)', [('model.py', '(b * w_r).sum(-1) for w_r in w',
+                                  '(b * w_r).sum(-1) / math.sqrt(b.size(-1)) for w_r in w')], {EQUATIONS}),
+    (1, 'scores by matmul', [('model.py', 'torch.stack([(b * w_r).sum(-1) for w_r in w])',
+                               '(b @ w.T).permute(2, 0, 1)')], {SPECIFIED}),
+    (1, 'sources scored unnormalised', [('model.py', 'for w_r in w]) * inv_rms[..., 0]', 'for w_r in w])')],
      {EQUATIONS}),
-    (2, 'V read from the QK route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], {INPUTS}),
-    (2, 'V through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], {INPUTS}),
-    (2, 'routes de-duplicated by query name',
+    (2, 'v read from the qk route', [('model.py', 'return x[0], x[-1]', 'return x[0], x[0]')], {INPUTS}),
+    (2, 'v through norm_mlp', [('model.py', 'return x[0], x[-1]', 'return x[0], self.norm_mlp(h[-1])')], {INPUTS}),
+    (2, 'routes de-duplicated by pseudo-query name',
      [('model.py', 'for name in self.routes.values()]', 'for name in dict.fromkeys(self.routes.values())]')], {QUERIES}),
-    (2, 'key gain left out', [('model.py', 'for name in self.routes.values()]) * self.key_gain',
+    (2, 'source gain left out', [('model.py', 'for name in self.routes.values()]) * self.source_gain',
                                'for name in self.routes.values()])')], {QUERIES}),
     (3, 'running sums instead of increments', [('model.py', '                finished.append(partial)\n',
                                                 '                finished.append(source(finished[-1][0] + partial[0]))\n')],
@@ -963,7 +963,7 @@ def test_grading_holds_on_a_busy_machine(handouts, tmp_path):
     assert rows['good']['score'] == rows['good']['total'], rows['good']['feedback']
 
 
-STUBBED = {1: [('model', None, 'depth_read')], 2: [('model', 'DepthRead', 'queries'), ('model', 'Block', 'attn_inputs')],
+STUBBED = {1: [('model', None, 'read_sources')], 2: [('model', 'DepthRead', 'pseudo_queries'), ('model', 'Block', 'attn_inputs')],
            3: [('model', 'GPT', 'forward_depth_routed')], 4: [('train', None, 'step_windows')],
            5: [('compare', None, 'sign_test_p'), ('compare', None, 'paired_stats')]}
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import compare
-from model import apply_rotary as model_apply_rotary, depth_read, source
+from model import apply_rotary as model_apply_rotary, read_sources, source
 from model import ATTENTION_ROUTES, RESIDUAL_MODES
 from run_kit import common, run_files
 import train
@@ -32,15 +32,15 @@ REPO = os.path.dirname(os.path.abspath(train.__file__))
 @pytest.mark.hidden
 def test_depth_read_matches_the_equations():
     g = torch.Generator().manual_seed(3)
-    xs = [torch.randn(2, 4, 8, generator=g, dtype=torch.float64) * (1 + 3 * s) for s in range(4)]
-    queries = torch.randn(3, 8, generator=g, dtype=torch.float64)
-    h, alpha = depth_read([source(x) for x in xs], queries)
-    V = torch.stack(xs)                                               # (n, B, T, d)
-    K = F.rms_norm(V, (8,), eps=1e-6)                                 # keys: normalised sources
-    logits = torch.einsum('rd,nbtd->rbtn', queries, K)                # no 1/sqrt(d), no temperature
-    expected_alpha = logits.softmax(-1)
+    bs = [torch.randn(2, 4, 8, generator=g, dtype=torch.float64) * (1 + 3 * s) for s in range(4)]
+    w = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    h, alpha = read_sources([source(b) for b in bs], w)
+    b = torch.stack(bs)                                               # (n, B, T, d)
+    normed = F.rms_norm(b, (8,), eps=1e-6)                            # the sources, normalised
+    scores = torch.einsum('rd,nbtd->rbtn', w, normed)                 # no 1/sqrt(d), no temperature
+    expected_alpha = scores.softmax(-1)
     torch.testing.assert_close(alpha, expected_alpha)
-    torch.testing.assert_close(h, torch.einsum('rbtn,nbtd->rbtd', expected_alpha, V))   # raw values mixed
+    torch.testing.assert_close(h, torch.einsum('rbtn,nbtd->rbtd', expected_alpha, b))   # the raw sources mixed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,11 +51,11 @@ def reference_forward(model, idx):
     S, mode = cfg.attnres_block_size, cfg.residual
     cos, sin = model.rope_cos, model.rope_sin
 
-    def read(query, read_point, sources):
-        V = torch.stack(sources)                                   # (n, B, T, d)
-        K = F.rms_norm(V, (V.size(-1),), read_point.key_gain, 1e-6)   # RMSNorm of every source, with its gain
-        alpha = torch.einsum('d,nbtd->nbt', query, K).softmax(0)   # softmax over sources
-        return torch.einsum('nbt,nbtd->btd', alpha, V)
+    def read(w, read_point, sources):
+        b = torch.stack(sources)                                   # (n, B, T, d)
+        normed = F.rms_norm(b, (b.size(-1),), read_point.source_gain, 1e-6)   # RMSNorm of every source, with its gain
+        alpha = torch.einsum('d,nbtd->nbt', w, normed).softmax(0)  # scores, softmax over sources
+        return torch.einsum('nbt,nbtd->btd', alpha, b)             # the raw sources mixed
 
     blocks = [model.transformer.wte(idx)]   # b_0 = embedding
     outputs = []                            # outputs of the sublayers of the current block
@@ -67,18 +67,18 @@ def reference_forward(model, idx):
         sources = blocks + ([sum(outputs)] if outputs else [])
         if kind == 'attn':
             at = block.attn_read
-            h_qk = read(at.attn_query, at, sources)
-            h_v = read(at.value_query, at, sources) if mode == 'rd_attnres' else h_qk
-            if mode == 'ctrl_heads':   # two reads, each the Q, K and V input of half of the heads
-                h_2 = read(at.heads2_query, at, sources)
+            h_qk = read(at.w_heads1 if mode == 'ctrl_heads' else at.w_qk, at, sources)
+            h_v = read(at.w_v, at, sources) if mode == 'rd_attnres' else h_qk
+            if mode == 'ctrl_heads':   # two reads, each the q, k and v input of half of the heads
+                h_2 = read(at.w_heads2, at, sources)
                 out = heads_split_attention(block, block.norm_attn(h_qk), block.norm_attn(h_2), cos, sin)
             else:
                 out = block.attn(block.norm_attn(h_qk), block.norm_attn(h_v), cos, sin)
         else:
-            out = block.mlp(block.norm_mlp(read(block.mlp_read.mlp_query, block.mlp_read, sources)))
+            out = block.mlp(block.norm_mlp(read(block.mlp_read.w_mlp, block.mlp_read, sources)))
         outputs.append(out)
     blocks.append(sum(outputs))
-    h = read(model.final_read.final_query, model.final_read, blocks)
+    h = read(model.final_read.w_final, model.final_read, blocks)
     return model.lm_head(model.transformer.ln_f(h))
 
 
@@ -103,14 +103,14 @@ def heads_split_attention(block, x_1, x_2, cos, sin):
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_attention_inputs_match_the_literal_routes(mode):
     # the two inputs of the attention sublayer, written out: each route's read with einsum, then the
-    # attention's own pre-norm, whose gain differs from the MLP's (so a V through norm_mlp is caught)
+    # attention's own pre-norm, whose gain differs from the MLP's (so a v input through norm_mlp is caught)
     block = perturbed_block(mode, seed=11)
     sources = some_sources(seed=12, n=4)
-    at, V = block.attn_read, torch.stack([x for x, _ in sources])
-    K = F.rms_norm(V, (V.size(-1),), at.key_gain, 1e-6)
+    at, b = block.attn_read, torch.stack([x for x, _ in sources])
+    normed = F.rms_norm(b, (b.size(-1),), at.source_gain, 1e-6)
 
-    def read(query):
-        return torch.einsum('nbt,nbtd->btd', torch.einsum('d,nbtd->nbt', query, K).softmax(0), V)
+    def read(w):
+        return torch.einsum('nbt,nbtd->btd', torch.einsum('d,nbtd->nbt', w, normed).softmax(0), b)
 
     h = [read(getattr(at, name)) for name in ATTENTION_ROUTES[mode].values()]
     x_qk, x_v = block.attn_inputs(at(sources, []))

@@ -32,11 +32,11 @@ def test_tying_v_to_qk_is_exactly_the_parent_with_the_same_weights(trained, data
     nlls = intervene.interventions(model, val, 512, 8)
     # the parent: an attnres model built from the same configuration, carrying every weight but the V queries
     parent = GPT(GPTConfig(**dict(vars(model.config), residual='attnres')))
-    state = {k: v for k, v in model.state_dict().items() if not k.endswith('value_query')}
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith('w_v')}
     parent.load_state_dict(state)
     assert nlls['v_as_qk'] == intervene.nll(parent.eval(), val, 512, 8, 'cpu')
     # the routes did move apart in training, so each tie changes the model
-    apart = max((b.attn_read.value_query - b.attn_read.attn_query).abs().max().item() for b in model.transformer.h)
+    apart = max((b.attn_read.w_v - b.attn_read.w_qk).abs().max().item() for b in model.transformer.h)
     assert apart > 1e-3
     assert nlls['v_as_qk'] != nlls['as_trained'] and nlls['qk_as_v'] not in (nlls['as_trained'], nlls['v_as_qk'])
     assert intervene.interventions(model, val, 512, 8) == nlls   # deterministic

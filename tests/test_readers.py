@@ -565,3 +565,45 @@ def test_log_rows_out_of_order_or_repeated_are_a_warning(runs, tmp_path, edit, s
     with pytest.warns(UserWarning, match=said):
         rows = run_files.read_log(str(log))
     assert len(rows) == len(edit(lines))                              # warned, nothing dropped
+
+
+# What an older version named the read points' pseudo-queries and gain: written out here, as its files hold them
+OLDER_NAMES = {'.w_qk': '.attn_query', '.w_v': '.value_query', '.w_heads1': '.attn_query', '.w_heads2': '.heads2_query',
+               '.w_mlp': '.mlp_query', '.w_final': '.final_query', '.source_gain': '.key_gain'}
+
+
+def with_older_names(tensors):
+    renamed = {}
+    for name, t in tensors.items():
+        new = next((n for n in OLDER_NAMES if name.endswith(n)), None)
+        renamed[name[:-len(new)] + OLDER_NAMES[new] if new else name] = t
+    return renamed
+
+
+def test_a_checkpoint_and_an_export_of_an_older_version_load_and_resume(data_dir, runs, tmp_path):
+    # an rd_attnres run's files as a version that named w_qk, w_v, ... attn_query, value_query, ... wrote them
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    old = copy_run(runs, 'half', tmp_path)
+    ckpt = run_files.load_checkpoint(str(old / 'ckpt.pt'))
+    older = with_older_names(ckpt['model'])
+    assert {'attn_query', 'value_query', 'mlp_query', 'final_query', 'key_gain'} <= {n.split('.')[-1] for n in older}
+    run_files.save_checkpoint(dict(ckpt, model=older), str(old / 'ckpt.pt'))
+    # it loads (sample.py) with the weights it holds, and it resumes into the run an uninterrupted one is
+    model, _, _ = sample.load_model(dict(out_dir=str(old), weights=''))
+    assert all(torch.equal(t, ckpt['model'][n]) for n, t in model.state_dict().items() if n in ckpt['model'])
+    run_here(['--init_from=resume', '--max_iters=4', '--lr_decay_iters=4'], data_dir, str(old))
+    rows = [r for r in map(json.loads, open(old / 'log.jsonl')) if 'val_loss' in r or 'loss' in r]
+    want = [r for r in map(json.loads, open(runs / 'finished' / 'log.jsonl')) if 'val_loss' in r or 'loss' in r]
+    assert [(r['step'], r.get('loss'), r.get('val_loss')) for r in rows] == \
+        [(r['step'], r.get('loss'), r.get('val_loss')) for r in want]
+    # an export of that version: its digest over the older names, checked, then loaded under today's
+    with safe_open(str(runs / 'w.safetensors'), framework='pt') as f:
+        header, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    tensors = with_older_names(tensors)
+    save_file(tensors, str(tmp_path / 'old.safetensors'),
+              metadata=dict(header, sha256=sample.weights_digest(header['config'], tensors)))
+    old_export, _, _ = sample.load_model(dict(out_dir='', weights=str(tmp_path / 'old.safetensors')))
+    today, _, _ = sample.load_model(dict(out_dir='', weights=str(runs / 'w.safetensors')))
+    assert old_export.state_dict().keys() == today.state_dict().keys()
+    assert all(torch.equal(t, today.state_dict()[n]) for n, t in old_export.state_dict().items())
