@@ -1,5 +1,5 @@
-# The README quickstart: a small RD-AttnRes model on the built-in tiny corpus (README: how long it
-# takes). First: python prepare.py --dataset tiny
+# The README quickstart: a small RD-AttnRes model on the built-in tiny corpus (how long it takes:
+# docs/training.md, "How long the README's commands take"). First: python prepare.py --dataset tiny
 out_dir = 'out/quickstart'
 dataset = 'tiny'
 residual = 'rd_attnres'

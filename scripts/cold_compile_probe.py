@@ -1,5 +1,5 @@
-# The probe behind README "What a cold compile consists of" (2026-12-01): one cold compile of a forward +
-# backward (no optimizer step) of an N-layer 8 x 256 model, context 64, batch 4, in a fresh inductor cache.
+# The probe behind docs/performance.md, "What compile time follows: the number of kernels" (2026-12-01): one
+# cold compile of a forward + backward (no optimizer step) of an N-layer 8 x 256 model, context 64, batch 4, in a fresh inductor cache.
 #   python scripts/cold_compile_probe.py MODE plain|stacked N_LAYER
 # "stacked": the read over the sources stacked into one tensor (an experiment, not kept in model.py; a second
 # way to compute assignment 1 of the course kit, so marked as given with its solution).

@@ -84,6 +84,44 @@ def readme_commands(section):
     return [shlex.split(line.split('#')[0]) for line in block.splitlines() if line.split('#')[0].strip()]
 
 
+def readme_prose():
+    """The README without its code blocks (compare.py's sample output there has lines that start with ###)."""
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    return ''.join(part for i, part in enumerate(re.split(r'^```.*$', text, flags=re.M)) if i % 2 == 0)
+
+
+def test_the_readme_opens_with_the_method_and_every_section_cited_elsewhere_exists():
+    headings = re.findall(r'^## (.+)$', readme_prose(), re.M)
+    assert headings[0].startswith('The method'), headings                # what and why before how to run it
+    assert headings.index('The method in a few lines of math') < headings.index('Install') < headings.index('Quickstart')
+    # the code and the other documents send readers to README sections by name: README, then the name in quotes
+    cited = set()
+    for folder, dirs, names in os.walk(HERE):
+        dirs[:] = [d for d in dirs if not d.startswith('.') and d not in ('data', 'out', 'study', 'results')]
+        for name in names:
+            if name.endswith(('.py', '.md', '.sh')) and name != 'README.md':
+                text = open(os.path.join(folder, name), encoding='utf-8').read()
+                cited |= {(name, m) for m in re.findall(r'README(?::|\'s)?[^"\n]{0,20}?\\?"([^"\\\n]+)\\?"', text)}
+    assert any(section == 'The method in a few lines of math' for _, section in cited)   # model.py's glossary
+    assert [(name, section) for name, section in sorted(cited) if section not in headings] == []
+
+
+def test_the_readmes_links_lead_to_files_and_its_test_command_is_the_one_ci_runs():
+    links = [link for link in re.findall(r'\]\(([^)\s]+)\)', readme_prose()) if not re.match(r'[a-z]+:', link)]
+    for link in links:
+        assert '#' not in link, link                                     # a path, not an anchor that can move
+        if link.split('/')[0] + '/' in ('study/', 'results/') and not os.path.isdir(os.path.join(HERE, link.split('/')[0])):
+            continue                                                     # a course handout leaves these folders out
+        assert os.path.isfile(os.path.join(HERE, link)), link
+    pages = {f'docs/{name}' for name in os.listdir(os.path.join(HERE, 'docs')) if name.endswith('.md')}
+    assert sorted(pages - set(links)) == []                              # every page of docs/ is linked
+    # .ci/run ends with the README's test command, as written there
+    ci = [line for line in open(os.path.join(HERE, '.ci', 'run'), encoding='utf-8').read().splitlines() if line.strip()]
+    tests = [' '.join(argv) for argv in readme_commands('Tests')]
+    assert ci[-1] == 'python -m pytest -q -n auto --dist loadfile' and ci[-1] in tests
+    assert 'sudo apt-get install -y bubblewrap && python -m pip install -r requirements.txt' in tests
+
+
 def test_the_readmes_comparison_after_the_quickstart_runs_as_written(data_dir, tmp_path, monkeypatch):
     """README "The comparison", at a tiny size: the quickstart's run and its parent trained as written, then
     compare.py on the two finds the pair and writes the plot it names."""
