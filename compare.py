@@ -38,7 +38,7 @@ WHY_PARENT = {
     'rd_attnres': "RD-AttnRes gives attention a second read, for V; tying it to the QK read gives attnres back",
     'ctrl_params': "the paper's control for rd_attnres's parameter count: attnres plus a gain per attention sublayer",
     'ctrl_dup': "the paper's control for rd_attnres's compute: attnres's read run twice with one pseudo-query",
-    'ctrl_fixed_v': "the paper's control for a learned V route: rd_attnres with the V read fixed at the uniform average",
+    'ctrl_fixed_v': "the paper's control for a learned v route: rd_attnres with the V read fixed at the uniform average",
     'ctrl_heads': "this project's control: two learned reads that split attention by heads, not by role",
     'ctrl_mix': "a removed control, kept so that its committed logs compare (docs/controls.md)"}
 ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads', 'ctrl_mix']

@@ -8,9 +8,9 @@ pseudo-query set to the other's, at evaluation only (docs/results.md, "Route int
 
 rd_attnres (the RD-AttnRes paper: tying the two routes' pseudo-queries recovers the parent architecture):
     as_trained   the routes as trained
-    v_as_qk      every layer's V route reads with the QK route's pseudo-query: Block AttnRes's read, with the
+    v_as_qk      every layer's v route reads with the qk route's pseudo-query: Block AttnRes's read, with the
                  trained weights (exactly an attnres model carrying them, tests/test_interventions.py)
-    qk_as_v      the QK route reads with the V route's
+    qk_as_v      the qk route reads with the v route's
 ctrl_heads (the control's answer to the same question): heads2_as_heads1, heads1_as_heads2.
 Each on the run's fixed validation windows (the first eval_tokens of val.bin, as train.py evaluates), in
 float32, deterministic. ΔNLL = NLL(intervention) − NLL(as trained): what the model loses when its two

@@ -12,7 +12,7 @@ and started again at any moment (README "Reproducing the paper"; docs/results.md
 A plan is a list of runs (config file, seed, overrides, out_dir), whole seeds first: seed 1 of every
 arm before seed 2, so that a study stopped anywhere has complete pairs. `run` starts each run as
 
-    LAUNCHER train.py CONFIG --seed=S --out_dir=DIR --init_from=auto OVERRIDES
+    LAUNCHER train.py CONFIG --seed=SEED --out_dir=DIR --init_from=auto OVERRIDES
 
 and so skips a finished run (without starting it), continues an interrupted one from its checkpoint,
 and starts a new one. A run counts as the entry's only if its config.json has the entry's configuration

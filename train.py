@@ -233,15 +233,15 @@ def train_step(step, run, data, rank_windows):
 # -----------------------------------------------------------------------------
 # The run
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """What the loop works with. raw_model: the plain module (checkpoints, routing diagnostics); for_eval:
-    compiled if asked, without DDP; model: what trains."""
+    """What the loop works with. raw_model: the plain module (checkpoints, routing diagnostics; nanoGPT's
+    name); eval_model: what evaluates (compiled if asked, no DDP); model: what trains (eval_model under DDP)."""
     cfg: dict
     proc: object          # run_control.ThisProcess
     ctx: object
     raw_model: GPT
-    for_eval: object
+    eval_model: object
     model: object
     optimizer: object
     scaler: object
@@ -255,7 +255,7 @@ class Run:
         """Evaluate at `step`; checkpoint if asked (after the ranks have checked that nothing diverged);
         then log, so that a logged evaluation always has its checkpoint on disk. Returns the loss."""
         cfg, master = self.cfg, self.proc.master
-        val_loss, routing = evaluate(self.for_eval, self.raw_model, self.val_data, self.val_batches,
+        val_loss, routing = evaluate(self.eval_model, self.raw_model, self.val_data, self.val_batches,
                                      self.routing_windows, cfg, self.proc, self.ctx)
         if not math.isfinite(val_loss):   # (recorded in the log as a divergence: a result, for study.py)
             stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
@@ -286,7 +286,7 @@ def start_run(cfg, proc):
     dt_name, ptdtype = resolve_dtype(cfg['dtype'], proc.device_type)
     cfg['dtype_resolved'] = dt_name     # frozen on resume: 'auto' may mean bf16 on one machine, fp16 on another
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=ptdtype)
-    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.depth_read)
+    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.read_sources)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # W = total_batch_size / T
@@ -296,22 +296,22 @@ def start_run(cfg, proc):
     record = RunRecord(cfg, proc.master)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
-    model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
-    optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
+    raw_model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
+    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                            (cfg['beta1'], cfg['beta2']), proc.device_type)
     scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'],
                                   enabled=(ptdtype == torch.float16))
     step, best_val, resumed = 0, float('inf'), {}
     if cfg['init_from'] == 'resume':
-        step, best_val, resumed = resume(cfg, model, optimizer, scaler, proc, every_rank_has_it)
+        step, best_val, resumed = resume(cfg, raw_model, optimizer, scaler, proc, every_rank_has_it)
     fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
-    raw_model = model
-    if cfg['compile']:   # two_phase: one region per AttnRes block, else the whole model (docs/performance.md)
-        model = compile_model(model)
-    run = Run(cfg, proc, ctx, raw_model, model, wrap_ddp(model, proc), optimizer, scaler, record, val_data,
-              eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
-              list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing diagnostics: the first validation batch
-              torch.full((4,), -1, dtype=torch.int64, device=proc.device))
+    # compile: two_phase, one region per AttnRes block, else the whole model (docs/performance.md)
+    eval_model = compile_model(raw_model) if cfg['compile'] else raw_model
+    run = Run(cfg=cfg, proc=proc, ctx=ctx, raw_model=raw_model, eval_model=eval_model, model=wrap_ddp(eval_model, proc),
+              optimizer=optimizer, scaler=scaler, record=record, val_data=val_data,
+              val_batches=eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
+              routing_windows=list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing: the first val batch
+              first_nonfinite=torch.full((4,), -1, dtype=torch.int64, device=proc.device))
     if proc.master:
         print_run_summary(cfg, raw_model, grad_accum, proc, dt_name, len(train_data), n_eval, step)
     return run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval)

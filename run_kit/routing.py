@@ -38,7 +38,7 @@ def source_labels(l, S, L):
 def routing_summary(routing):
     """Per attention sublayer: how far apart its two routes read (JS divergence), each route's entropy
     and mean depth, keyed by the route names: js_qk_v, entropy_qk, depth_v, ... for the modes that split
-    roles (a one-route mode reads V from its QK route: divergence 0), js_heads1_heads2, entropy_heads1,
+    roles (a one-route mode reads V from its qk route: divergence 0), js_heads1_heads2, entropy_heads1,
     ... for ctrl_heads."""
     attn_routes = {}   # layer -> its attention read's routes, in order
     for r in routing:

@@ -1,4 +1,4 @@
-"""Route interventions (intervene.py): tying a trained rd_attnres model's V route to its QK route is exactly
+"""Route interventions (intervene.py): tying a trained rd_attnres model's v route to its qk route is exactly
 the parent architecture, Block AttnRes, carrying the same weights (the RD-AttnRes paper's statement); the
 other ties change the model; the study's report turns each run's numbers into the paired summary."""
 

@@ -98,14 +98,14 @@ def test_data_order_is_a_seeded_permutation_of_whole_windows():
 
 @pytest.mark.assignment4
 def test_data_order_by_hand():
-    # 5 windows, W = 3 per step: the order is the epochs' permutations one after another,
+    # 5 windows, M = 3 per step: the order is the epochs' permutations one after another,
     #   epoch 0 = window_order(5, seed, 0) = [a0, a1, a2, a3, a4], epoch 1 = window_order(5, seed, 1) = [b0, ...]
     #   step 0 = [a0, a1, a2]   step 1 = [a3, a4, b0] (it crosses into epoch 1)   step 2 = [b1, b2, b3]
     a, b = train.window_order(5, 1, 0).tolist(), train.window_order(5, 1, 1).tolist()
     for step, expected in enumerate(([a[0], a[1], a[2]], [a[3], a[4], b[0]], [b[1], b[2], b[3]])):
         got = train.step_windows(step, 5, 3, seed=1)
         assert list(got) == expected, (f"concept 'the exact order: each epoch a seed-keyed permutation, steps crossing epochs': step {step} of 5 windows, 3 per step, gave {list(got)}, not "
-                                       f"{expected}: positions [step*W, (step+1)*W) of epoch 0's permutation, then "
+                                       f"{expected}: positions [step*M, (step+1)*M) of epoch 0's permutation, then "
                                        "epoch 1's, ...")
 
 
@@ -119,7 +119,7 @@ def test_data_order_is_the_whole_step_whatever_the_processes(monkeypatch):
             monkeypatch.setenv(key, str(value))
         assert [train.step_windows(s, 50, 8, seed=3) for s in range(10)] == alone, \
             f"concept 'the same order on any number of processes': rank {rank} of {world} got another order: return the whole step, whoever asks"
-    assert all(len(w) == 8 for w in alone), "concept 'the same order on any number of processes': a step is all W windows, not one rank's share"
+    assert all(len(w) == 8 for w in alone), "concept 'the same order on any number of processes': a step is all M windows, not one rank's share"
 
 
 def test_lr_warmup_starts_above_zero_and_decays_to_ten_percent():
