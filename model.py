@@ -10,7 +10,7 @@ ctrl_heads, our control for "two different reads, whatever the split" (docs/cont
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
-Glossary (README: "The method"). The depth read has its own words; q, k, v are token attention's only
+Glossary (README: "The method in a few lines of math"). The depth read has its own words; q, k, v: attention
     sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers, l = 0 .. L-1
     S, N, d   attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); a read's sources; the width
     AttnRes block  S consecutive sublayers (not a transformer Block, not block_size, the context length)
