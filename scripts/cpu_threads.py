@@ -4,17 +4,23 @@ checkpoint (model.generate, top_k 200, a one-token prompt) and training steps at
 in one process, round by round, the order swapped every round, so that drifting load favours neither; the
 medians are printed. Behind docs/performance.md, "Threads for small models on a CPU" (2026-12-03).
     python scripts/cpu_threads.py out/quickstart 3 4     # checkpoint folder, sampling rounds, training rounds"""
+import argparse
 import os
 import statistics
 import sys
 import time
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument('out_dir', help="a run folder with a checkpoint, e.g. the quickstart's out/quickstart")
+ap.add_argument('sample_rounds', type=int, help='rounds of 200 sampled tokens with 1 and with 2 threads')
+ap.add_argument('train_rounds', type=int, help='rounds of training steps with 1 and with 2 threads')
+args = ap.parse_args()   # (before torch loads: --help answers at once)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 import torch
 from model import GPT, GPTConfig
 from run_kit.common import tune_cpu_allocator
 from sample import load_model
 
-out_dir, sample_rounds, train_rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out_dir, sample_rounds, train_rounds = args.out_dir, args.sample_rounds, args.train_rounds
 tune_cpu_allocator()   # as train.py does on a CPU
 
 

@@ -69,7 +69,11 @@ def test_train_help_groups_the_keys_as_the_file_does_with_their_comments():
 
 @pytest.mark.parametrize('script,options', [
     ('prepare.py', ['--dataset', '--data_dir']), ('compare.py', ['--pair', '--plot', 'rd_attnres vs attnres: ']),
-    ('study.py', ['run', 'report']), ('course.py', ['handout', 'check', 'grade'])])
+    ('study.py', ['run', 'report']), ('course.py', ['handout', 'check', 'grade']),
+    # the measurements' scripts that docs/performance.md gives as commands
+    ('scripts/profile_compiled_step.py', ['plain', 'two_phase']),
+    ('scripts/cpu_threads.py', ['out_dir', 'sample_rounds', 'train_rounds']),
+    ('scripts/nested_compile_region_gradients.py', ['nested_compile_region'])])
 def test_argparse_commands_answer_help(script, options):
     for flag in ('--help', '-h'):
         p = python(script, flag)
@@ -186,3 +190,57 @@ def test_the_console_rounds_and_says_what_its_numbers_are(data_dir, tmp_path):
     assert "their mean over the prompt's 2 tokens" in legend               # "The tuple": 2 GPT-2 tokens
     assert 'The last row, sublayer 4 final, is the read after the last sublayer' in legend
     assert re.search(r"^sublayer  4 final", s.stdout, re.M)
+
+
+# The record of measurements: results/ holds the raw output of what the docs report, results/README.md
+# indexes it (what made each file: command, code, date, machine, the page that cites it)
+RESULTS = os.path.join(HERE, 'results')
+
+
+def expand_braces(pattern):
+    """'a{b,c}d{e,f}' -> ['abde', 'abdf', 'acde', 'acdf'], as the shell writes several files in one name."""
+    m = re.search(r'\{([^{}]*)\}', pattern)
+    if not m:
+        return [pattern]
+    return [name for alt in m.group(1).split(',') for name in expand_braces(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def results_cited():
+    """{a `results/...` path as the project's pages and code write it: the files that write it}; the folder
+    itself and /elsewhere/results/ paths are not citations."""
+    import course
+    cited = {}
+    for f in course.project_files():
+        if f.startswith(('results/', 'study/runs/')) or not f.endswith(('.md', '.py', '.sh')):
+            continue
+        for path in re.findall(r"(?<![\w/.-])results/[\w.{},*-]+", open(os.path.join(HERE, f), encoding='utf-8').read()):
+            cited.setdefault(path.rstrip('.,'), set()).add(f)
+    return cited
+
+
+def test_every_measurement_the_docs_cite_exists_and_the_index_lists_each_file():
+    if not os.path.isdir(RESULTS):
+        pytest.skip("a course handout holds no results/ (course.NOT_HANDED_OUT): the measurements stay with the project")
+    cited = results_cited()
+    assert len(cited) > 20                                                # (the search finds what the docs cite)
+    matched = set()
+    for path, where in sorted(cited.items()):
+        names = [g for p in expand_braces(path) for g in glob.glob(os.path.join(HERE, p))]
+        assert names, f"{sorted(where)} cite {path}, which names no file"
+        matched |= {os.path.relpath(n, RESULTS) for n in names if os.path.isfile(n)}
+    present = set(os.listdir(RESULTS)) - {'README.md'}
+    # a file no page cites is not kept (git keeps it)
+    assert present <= matched, f"in results/ but cited by no page: {sorted(present - matched)}"
+    # the index: one row per file (or per group of files), the files in its first column
+    index = open(os.path.join(RESULTS, 'README.md'), encoding='utf-8').read()
+    rows = [line.split('|')[1] for line in index.splitlines() if line.startswith('| `')]
+    listed = [name for cell in rows for name in re.findall(r'`([^`]+)`', cell)]
+    assert len(listed) == len(set(listed)), 'a file listed twice'
+    assert set(listed) == present, (f"not in results/README.md: {sorted(present - set(listed))}; "
+                                    f"listed but not in results/: {sorted(set(listed) - present)}")
+    for line in index.splitlines():                                      # each row says what made its files
+        if line.startswith('| `'):
+            cells = [c.strip() for c in line.strip('|').split('|')]
+            assert len(cells) == 6 and all(cells), line
+            assert re.search(r'\b[0-9a-f]{7}\b', cells[3]) and re.search(r'\b2026-\d\d-\d\d\b', cells[4]), line
+            assert re.search(r'docs/\w+\.md', cells[5]), line
