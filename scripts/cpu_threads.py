@@ -48,7 +48,7 @@ def sample_200():
 
 print(f"{origin}: 200 sampled tokens, median seconds by threads:", rounds(sample_rounds, sample_200), flush=True)
 torch.manual_seed(0)
-net = GPT(GPTConfig(vocab_size=50304, n_layer=4, n_head=4, n_embd=128, block_size=128, residual='rd_attnres',
+net = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, residual='rd_attnres',
                     attnres_block_size=2))
 opt = net.configure_optimizers(0.1, 2e-3, (0.9, 0.95), 'cpu')
 x, y = torch.randint(0, 50257, (16, 128)), torch.randint(0, 50257, (16, 128))

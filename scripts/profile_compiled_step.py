@@ -17,7 +17,7 @@ from fast_read import two_phase_read
 torch._dynamo.config.cache_size_limit = 64
 cfg = GPTConfig(n_layer=8, n_head=8, n_embd=256, block_size=256, residual='rd_attnres', attnres_block_size=4)
 torch.manual_seed(0)
-x = torch.randint(0, 50304, (4, 256)); y = torch.randint(0, 50304, (4, 256))
+x = torch.randint(0, cfg.vocab_size, (4, 256)); y = torch.randint(0, cfg.vocab_size, (4, 256))
 
 for kind in args.variants:
     torch.manual_seed(1)

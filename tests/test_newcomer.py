@@ -244,3 +244,21 @@ def test_every_measurement_the_docs_cite_exists_and_the_index_lists_each_file():
             assert len(cells) == 6 and all(cells), line
             assert re.search(r'\b[0-9a-f]{7}\b', cells[3]) and re.search(r'\b2026-\d\d-\d\d\b', cells[4]), line
             assert re.search(r'docs/\w+\.md', cells[5]), line
+
+
+def test_model_py_stands_alone_and_one_function_builds_a_run_s_model():
+    # the lesson file is read on its own, as nanoGPT's is: it imports torch and the standard library only
+    import ast
+    tree = ast.parse(open(os.path.join(HERE, 'model.py')).read())
+    imported = {alias.name.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split('.')[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {'torch', *sys.stdlib_module_names}, f"model.py imports {sorted(imported)}"
+    # a run's model is built in one place (run_kit/common.build_model): the vocabulary is typed once, in GPTConfig
+    from fast_read.two_phase_read import TwoPhaseGPT
+    from model import GPT
+    from run_kit.common import build_model
+    typed = [path for path in glob.glob(os.path.join(HERE, '**', '*.py'), recursive=True)
+             if '50304' in open(path).read() and '.venv' not in path and f'{os.sep}tests{os.sep}' not in path]
+    assert [os.path.relpath(p, HERE) for p in typed] == ['model.py']
+    cfg = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, residual='rd_attnres', attnres_block_size=2)
+    assert type(build_model(cfg)) is GPT and type(build_model(dict(cfg, depth_read='two_phase'))) is TwoPhaseGPT
