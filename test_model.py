@@ -167,21 +167,21 @@ def some_sources(seed=4, n=3):
 
 @pytest.mark.assignment2
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
-def test_a_read_point_has_one_query_per_route(mode):
+def test_a_read_point_has_one_pseudo_query_per_route(mode):
     read = perturbed_block(mode).attn_read
     sources, log = some_sources(), []
     try:
         h = read(sources, log)
     except (IndexError, RuntimeError) as e:
         pytest.fail(f"concept 'one pseudo-query per route, the source gain folded in': the read of {mode} raised {e!r}: one "
-                    "query row per route of self.routes, also when two routes share one query name")
-    # one row per route, in the order of ATTENTION_ROUTES, each query with the key gain folded in;
-    # ctrl_dup's two routes share one query and are still two reads
+                    "pseudo-query row per route of self.routes, also when two routes share one")
+    # one row per route, in the order of ATTENTION_ROUTES, each pseudo-query with the source gain folded in;
+    # ctrl_dup's two routes share one pseudo-query and are still two reads
     names = list(ATTENTION_ROUTES[mode].values())
     expected, _ = read_sources(sources, torch.stack([getattr(read, n) * read.source_gain for n in names]))
     torch.testing.assert_close(h, expected, rtol=1e-12, atol=1e-12, msg=f"concept 'one pseudo-query per route, the source gain folded in': the reads of {mode} differ from one "
-                               "read per route (in the order of self.routes, a shared query still two rows), each "
-                               "query times the key gain")
+                               "read per route (in the order of self.routes, a shared pseudo-query still two rows), each "
+                               "pseudo-query times the source gain")
     assert [r['route'] for r in log] == list(ATTENTION_ROUTES[mode]), "concept 'one pseudo-query per route, the source gain folded in': one logged read per route, in order"
 
 
@@ -453,34 +453,34 @@ def test_sources_are_increments_by_hand(S, expected, monkeypatch):
 @pytest.mark.assignment1
 def test_depth_read_is_a_per_token_softmax_mixture():
     g = torch.Generator().manual_seed(0)
-    values = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
-    queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    h, alpha = read_sources([source(v) for v in values], queries)
+    bs = [torch.randn(2, 5, 8, generator=g, dtype=torch.float64) * (s + 1) for s in range(3)]
+    w = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    h, alpha = read_sources([source(b) for b in bs], w)
     assert h.shape == (2, 2, 5, 8) and alpha.shape == (2, 2, 5, 3), "concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': h is (R, B, T, d) and alpha (R, B, T, N)"
     torch.testing.assert_close(alpha.sum(-1), torch.ones(2, 2, 5, dtype=torch.float64),
                                msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': alpha is a softmax over the sources (the last axis): it sums to 1")
     # token (0, 3), route 1, by hand
-    keys = [F.rms_norm(v[0, 3], (8,), eps=1e-6) for v in values]
-    a = torch.stack([queries[1] @ k for k in keys]).softmax(0)
-    torch.testing.assert_close(h[1, 0, 3], sum(a[s] * values[s][0, 3] for s in range(3)),
+    normed = [F.rms_norm(b[0, 3], (8,), eps=1e-6) for b in bs]
+    a = torch.stack([w[1] @ n for n in normed]).softmax(0)
+    torch.testing.assert_close(h[1, 0, 3], sum(a[s] * bs[s][0, 3] for s in range(3)),
                                msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': one token's read differs from the equations")
 
 
 @pytest.mark.assignment1
 def test_depth_read_of_two_sources_by_hand():
-    # two sources, d = 2, one query: numbers to check on paper
-    #   x_a = [3, 4]: rms = sqrt((9 + 16) / 2) = 3.5355    x_b = [1, -1]: rms = 1        w = [1, 1]
-    #   logit_a = (3 + 4) / 3.5355 = 1.9799                 logit_b = (1 - 1) / 1 = 0    (no 1/sqrt(d))
+    # two sources, d = 2, one pseudo-query: numbers to check on paper
+    #   b_a = [3, 4]: rms = sqrt((9 + 16) / 2) = 3.5355    b_b = [1, -1]: rms = 1        w = [1, 1]
+    #   score_a = (3 + 4) / 3.5355 = 1.9799                 score_b = (1 - 1) / 1 = 0    (no 1/sqrt(d))
     #   alpha = softmax([1.9799, 0]) = [0.8787, 0.1213]
     #   h = 0.8787 * [3, 4] + 0.1213 * [1, -1] = [2.7573, 3.3934]     (the raw sources mixed)
     xa, xb = torch.tensor([[[3.0, 4.0]]], dtype=torch.float64), torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
     h, alpha = read_sources([source(xa), source(xb)], torch.tensor([[1.0, 1.0]], dtype=torch.float64))
     torch.testing.assert_close(alpha[0, 0, 0], torch.tensor([0.8787, 0.1213], dtype=torch.float64), atol=1e-4, rtol=0,
                                msg=lambda m: f"concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': alpha of the worked example is {alpha[0, 0, 0].tolist()}, not "
-                                             "[0.8787, 0.1213]: logit = w . x / rms(x), no 1/sqrt(d), softmax over the sources")
+                                             "[0.8787, 0.1213]: score = w . b / rms(b), no 1/sqrt(d), softmax over the sources")
     torch.testing.assert_close(h[0, 0, 0], torch.tensor([2.7573, 3.3934], dtype=torch.float64), atol=1e-4, rtol=0,
                                msg=lambda m: f"concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': h of the worked example is {h[0, 0, 0].tolist()}, not "
-                                             "[2.7573, 3.3934]: the values are the raw sources, mixed by alpha")
+                                             "[2.7573, 3.3934]: the raw sources, mixed by alpha")
 
 
 def test_fixed_value_route_stays_uniform_while_qk_learns():
@@ -556,10 +556,10 @@ def test_two_learned_routes_separate_in_training(mode):
 @pytest.mark.assignment3
 @pytest.mark.parametrize('mode', [m for m in RESIDUAL_MODES if m != 'standard'])
 def test_every_pseudo_query_gets_a_gradient(mode):
-    # S = 4 over 6 sublayers: a full AttnRes block, then a shorter last one. Each query's gradient is judged
+    # S = 4 over 6 sublayers: a full AttnRes block, then a shorter last one. Each pseudo-query's gradient is judged
     # given what its own read was given (a hook on every read point): a read of one source has a constant
     # softmax (a zero gradient, as the first attention read's); a read of more must pass a gradient to its
-    # query. So this test fails for a read cut off from the loss, not for wrong sources (the other tests' concern).
+    # pseudo-query. So this test fails for a read cut off from the loss, not for wrong sources (the other tests' concern).
     from model import DepthRead
     model = perturb(make(mode, S=4, n_layer=3), scale=0.3)
     given = {}                                  # read point -> (number of sources, all of them in the graph)
@@ -640,32 +640,32 @@ def test_too_long_sequence_is_refused():
 # 11. Numerics and the nanoGPT surface
 
 @pytest.mark.assignment1
-def test_depth_read_normalises_the_keys_but_mixes_the_raw_values():
+def test_depth_read_scores_the_normalised_sources_but_mixes_the_raw_ones():
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(1, 3, 8, generator=g, dtype=torch.float64) for _ in range(3)]
-    queries = torch.randn(2, 8, generator=g, dtype=torch.float64)
-    h, alpha = read_sources([source(x) for x in xs], queries)
-    h10, alpha10 = read_sources([source(xs[0]), source(10 * xs[1]), source(xs[2])], queries)
-    # a source's scale does not change its key (up to RMSNorm's eps) ...
+    w = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    h, alpha = read_sources([source(x) for x in xs], w)
+    h10, alpha10 = read_sources([source(xs[0]), source(10 * xs[1]), source(xs[2])], w)
+    # a source's scale does not change its score (up to RMSNorm's eps) ...
     torch.testing.assert_close(alpha10, alpha, rtol=1e-5, atol=1e-6,
-                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source changed alpha: the keys are the sources divided by their rms")
-    torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5,   # ... its value is mixed as it is
-                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source must scale its value: the values are the raw sources")
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source changed alpha: a source is scored divided by its rms")
+    torch.testing.assert_close(h10, h + 9 * alpha[..., 1:2] * xs[1], rtol=1e-5, atol=1e-5,   # ... it is mixed as it is
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': scaling a source must scale what it adds: the raw sources are mixed")
     h0, alpha0 = read_sources([source(x) for x in xs], torch.zeros(2, 8, dtype=torch.float64))
-    torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3),  # zero query: the uniform average
-                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero query gives equal logits, so alpha is uniform")
-    torch.testing.assert_close(h0[0], sum(xs) / 3, msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero query reads the plain average of the sources")
+    torch.testing.assert_close(alpha0, torch.full_like(alpha0, 1 / 3),  # zero pseudo-query: the uniform average
+                               msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero pseudo-query gives equal scores, so alpha is uniform")
+    torch.testing.assert_close(h0[0], sum(xs) / 3, msg="concept 'the read\'s equations: normalised sources scored, raw sources mixed, a softmax over the sources': a zero pseudo-query reads the plain average of the sources")
 
 
 @pytest.mark.assignment1
 def test_reads_stay_float32_under_bf16_autocast():
     # float32 under autocast; float64 (the exactness tests' precision) stays float64
     g = torch.Generator().manual_seed(2)
-    values = [torch.randn(2, 4, 16, generator=g) * (1 + 5 * s) for s in range(3)]
-    queries = torch.randn(2, 16, generator=g)
+    bs = [torch.randn(2, 4, 16, generator=g) * (1 + 5 * s) for s in range(3)]
+    w = torch.randn(2, 16, generator=g)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        h, alpha = read_sources([source(v) for v in values], queries)
-    exact_h, exact_alpha = read_sources([source(v.double()) for v in values], queries.double())
+        h, alpha = read_sources([source(b) for b in bs], w)
+    exact_h, exact_alpha = read_sources([source(b.double()) for b in bs], w.double())
     assert h.dtype == alpha.dtype == torch.float32 and exact_h.dtype == torch.float64, \
         "concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': under bf16 autocast the read returns float32 (autocast off inside), float64 stays float64"
     torch.testing.assert_close(alpha.double(), exact_alpha, rtol=1e-5, atol=1e-6,   # not rounded to bf16
@@ -687,12 +687,12 @@ class RecordOps(torch.overrides.TorchFunctionMode):
 @pytest.mark.assignment1
 def test_depth_read_uses_no_matmul():
     # a matmul would be rounded to TF32 on GPUs (train.py turns TF32 on for the backbone)
-    values = [torch.randn(2, 3, 8) for _ in range(3)]
+    bs = [torch.randn(2, 3, 8) for _ in range(3)]
     with RecordOps() as ops:
-        read_sources([source(v) for v in values], torch.randn(2, 8))
+        read_sources([source(b) for b in bs], torch.randn(2, 8))
     used = {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot', 'inner', 'dot',
             'baddbmm'} & set(ops.names)
-    assert ops.names and not used, f"concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': the read uses {sorted(used)}: compute each logit as (x * q).sum(-1)"
+    assert ops.names and not used, f"concept 'the read as specified: elementwise scores (no matmul), float32 under autocast': the read uses {sorted(used)}: compute each score as (b * w_r).sum(-1)"
 
 
 def test_model_routing_stays_float32_under_bf16_autocast():

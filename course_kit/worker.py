@@ -130,7 +130,7 @@ def probe_forward(args, t):
     grads, states, sublayers = {}, {}, {}
     for m, prefix in reads.items():
         for n, p in m.named_parameters(recurse=False):
-            if n.endswith('_query'):
+            if n in m.routes.values():   # a pseudo-query (w_qk, w_v, ...), not the source_gain
                 name = f'{prefix}.{n}'
                 grads[f'grad.{name}'] = p.grad if p.grad is not None else torch.full_like(p, float('nan'))
                 states[name] = 'none' if p.grad is None else 'zero' if not p.grad.abs().max() > 0 else 'nonzero'
