@@ -246,8 +246,8 @@ def bench_checkpoint(cfg):
 def read_bytes_per_token(model):
     """Bytes the depth reads of one training step move per token with the plain read, if each read's
     kernels are fused as far as the math allows (what torch.compile approaches): a read of R routes over N
-    float32 sources of width d reads every source twice forward (logits, weighted sum) and writes R
-    outputs; backward reads every source twice (the dots with the output gradients, the queries'
+    float32 sources of width d reads every source twice forward (scores, weighted sum) and writes R
+    outputs; backward reads every source twice (the dots with the output gradients, the pseudo-queries'
     gradient), reads the R output gradients twice per source (the dots, the source's gradient) and writes
     each source's gradient."""
     d = model.config.n_embd

@@ -10,7 +10,7 @@ ctrl_heads, our control for "two different reads, whatever the split" (docs/cont
 else (the "backbone") is the same modern nanoGPT for every mode: RMSNorm pre-norms, rotary position
 embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no biases.
 
-Glossary (README: "The method in a few lines of math"). The depth read has its own words; q, k, v: attention
+Glossary (README: "The method in a few lines of math"); q, k, v are token attention's alone, never the read's
     sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers, l = 0 .. L-1
     S, N, d   attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); a read's sources; the width
     AttnRes block  S consecutive sublayers (not a transformer Block, not block_size, the context length)
@@ -21,6 +21,7 @@ Glossary (README: "The method in a few lines of math"). The depth read has its o
               (transformer.h keeps nanoGPT's name for the list of Blocks: the checkpoints' tensor names)
     route     one softmax of a read, with its own pseudo-query w_<route>: qk (feeds attention's q and k, and in
               attnres v too), v (feeds attention's v: RD-AttnRes), heads1/heads2 (ctrl_heads), mlp, final
+    x         a sublayer's input: the residual stream (standard), a read through the pre-norm (x_qk, x_v)
 `### BEGIN SOLUTION n` ... `### END SOLUTION` (a student's handout: BEGIN/END YOUR CODE (assignment n)) mark
 what assignment n of the course kit asks students to write (COURSE.md); Python ignores the markers.
 """

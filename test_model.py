@@ -198,7 +198,7 @@ def test_attention_inputs_come_from_their_routes_through_norm_attn(mode):
     torch.testing.assert_close(x_v, block.norm_attn(h[-1]), rtol=1e-12, atol=1e-12,
                                msg=f"concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': x_v of {mode} is not the last route's read through norm_attn (the "
                                    "attention's own pre-norm, not norm_mlp)")
-    if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different queries: two inputs
+    if len(ATTENTION_ROUTES[mode]) == 2 and mode != 'ctrl_dup':   # two different pseudo-queries: two inputs
         assert (x_qk - x_v).abs().max() > 1e-3, "concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': two routes with different queries give two inputs"
     assert len(log) == len(ATTENTION_ROUTES[mode])
 
@@ -222,7 +222,7 @@ def test_tied_w_v_gives_one_input_and_splits_the_gradient():
     (p_qk.square().sum() + 2 * p_v.sum()).backward()
     torch.testing.assert_close(parent.attn_read.w_qk.grad, read.w_qk.grad + read.w_v.grad,
                                rtol=1e-10, atol=1e-12, msg="concept 'the attention inputs: q/k from the first route, v from the last, through norm_attn': with w_v = w_qk, rd_attnres must be "
-                                                           "attnres, its gradient split between the two queries")
+                                                           "attnres, its gradient split between the two pseudo-queries")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_ctrl_params_gain_changes_the_function():
     parent = perturb(make('attnres'))
     ctrl = make('ctrl_params')
     copy_shared(parent, ctrl)
-    perturb(ctrl, seed=1)  # same queries as the parent, but the attention input gains move away from 1
+    perturb(ctrl, seed=1)  # same pseudo-queries as the parent, but the attention input gains move away from 1
     with torch.no_grad():
         for block in ctrl.transformer.h:
             block.attn_input_gain.mul_(2.0).add_(0.3)
@@ -515,7 +515,7 @@ def test_summary_helpers():
     rows = routing_summary(model.routing)
     assert [r['layer'] for r in rows] == [0, 1, 2]
     assert rows[0]['js_qk_v'] == pytest.approx(0.0, abs=1e-12)        # one source: both routes agree
-    assert all(r['js_qk_v'] > 1e-4 for r in rows[1:])                  # different queries: they differ
+    assert all(r['js_qk_v'] > 1e-4 for r in rows[1:])                  # different pseudo-queries: they differ
     parent = perturb(make('attnres', n_layer=3))
     parent.record_routing = True
     parent(*batch())
@@ -531,9 +531,9 @@ def test_summary_helpers():
 
 @pytest.mark.parametrize('mode', ['rd_attnres', 'ctrl_heads'])
 def test_two_learned_routes_separate_in_training(mode):
-    # What the routes of these modes are for: to learn *different* depth mixtures. Both queries start at
+    # What the routes of these modes are for: to learn *different* depth mixtures. Both pseudo-queries start at
     # zero, as in training; the routes must get different gradients and drift apart. (ctrl_mix, whose two
-    # reads were exchangeable, kept its queries exactly equal forever: this test fails for it.)
+    # reads were exchangeable, kept its pseudo-queries exactly equal forever: this test fails for it.)
     model = make(mode, S=2, n_layer=3)
     idx, targets = batch(B=4, T=16)
     opt = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
@@ -542,7 +542,7 @@ def test_two_learned_routes_separate_in_training(mode):
         model(idx, targets)[1].backward()
         opt.step()
     first, second = ATTENTION_ROUTES[mode].values()
-    for block in model.transformer.h[1:]:    # (layer 0 reads one source: its queries get no gradient)
+    for block in model.transformer.h[1:]:    # (layer 0 reads one source: its pseudo-queries get no gradient)
         assert (getattr(block.attn_read, first) - getattr(block.attn_read, second)).abs().max() > 1e-4
     model.record_routing = True
     model(idx, targets)
@@ -716,7 +716,7 @@ def test_optimizer_never_decays_queries_or_gains():
 def test_flops_count_the_depth_reads():
     parent, rd, std = make('attnres', S=2), make('rd_attnres', S=2), make('standard')
     d, T = 16, 32
-    extra_params = 6 * 3 * d                                        # 3 value queries, 6 FLOPs each
+    extra_params = 6 * 3 * d                                        # 3 w_v (one per layer), 6 FLOPs each
     extra_reads = 3 * 4 * d * sum(1 + l // 2 + (l % 2 != 0) for l in range(0, 6, 2))  # one more route
     assert rd.flops_per_token(T) - parent.flops_per_token(T) == extra_params + extra_reads
     assert parent.flops_per_token(T) > std.flops_per_token(T)
@@ -780,11 +780,11 @@ def test_two_phase_read_stays_float32_under_autocast_and_records_with_the_plain_
         (lp, _), (lt, _) = plain(*batch()), two(*batch())
     assert lt.dtype == torch.bfloat16 and (lp.float() - lt.float()).abs().max() < 0.05
     from fast_read import two_phase_read
-    sources, queries = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
+    sources, w = some_sources(n=3), torch.randn(2, 16, dtype=torch.float64)
     with RecordOps() as ops:   # no matmul in either phase (TF32 would round it on GPUs)
         x, inv_rms = torch.stack([x for x, _ in sources]), torch.stack([r[..., 0] for _, r in sources])
-        state = two_phase_read.phase1(x, inv_rms, torch.zeros(3, dtype=torch.float64), queries)
-        two_phase_read.phase2(state, queries, sources[0])
+        state = two_phase_read.phase1(x, inv_rms, torch.zeros(3, dtype=torch.float64), w)
+        two_phase_read.phase2(state, w, sources[0])
     assert ops.names and not {'matmul', '__matmul__', 'mm', 'bmm', 'einsum', 'linear', 'addmm', 'tensordot',
                               'inner', 'dot', 'baddbmm'} & set(ops.names)
     two.record_routing = plain.record_routing = True

@@ -86,7 +86,7 @@ def small_model(args, t):
 
 
 def probe_read_point(args, t):
-    """Assignment 2: the attention read point of block `layer` (its routes, queries and key gain) over the
+    """Assignment 2: the attention read point of block `layer` (its routes, pseudo-queries and source gain) over the
     given sources, with its routing log."""
     gpt = small_model(args, t)
     log = []

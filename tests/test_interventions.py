@@ -30,7 +30,7 @@ def test_tying_v_to_qk_is_exactly_the_parent_with_the_same_weights(trained, data
     _, model = trained['rd_attnres']
     _, val, _ = prepare.read_dataset(data_dir, 'tiny')
     nlls = intervene.interventions(model, val, 512, 8)
-    # the parent: an attnres model built from the same configuration, carrying every weight but the V queries
+    # the parent: an attnres model built from the same configuration, carrying every weight but the w_v
     parent = GPT(GPTConfig(**dict(vars(model.config), residual='attnres')))
     state = {k: v for k, v in model.state_dict().items() if not k.endswith('w_v')}
     parent.load_state_dict(state)
