@@ -257,9 +257,9 @@ def read_bytes_per_token(model):
 def two_phase_bytes_per_token(model):
     """The same with the two-phase read (fast_read/two_phase_read.py), per phase, under the same fusion assumption:
     phase 1, once per block for its R_b routes over the padded finished sources (ceil(L / S) slots: the
-    padding is read like a source), reads each source once forward (logits and weighted sum in one
+    padding is read like a source), reads each source once forward (scores and weighted sum in one
     online-softmax pass) and writes the state, R_b x (d + 2) floats (u, the running max, the denominator);
-    backward reads the state's gradient and each source twice (its logits again, then its gradient's dots)
+    backward reads the state's gradient and each source twice (its scores again, then its gradient's dots)
     and writes each source's gradient. Phase 2, at each sublayer for its R routes, reads the partial (none
     at a block's first sublayer) and the state, writes h; backward reads h's gradient, the state and the
     partial, and writes the state's and the partial's gradients. The final read is one more phase 1 (one
