@@ -1,5 +1,5 @@
 """
-A GPT language model with three kinds of residual connection, selected by one flag.
+A GPT language model with three kinds of residual connection, selected by one flag (symbols: the glossary below).
 
     residual='standard'    x_{l+1} = x_l + f_l(x_l)                        the pre-norm baseline
     residual='attnres'     h_l = sum_s softmax_s(w_l . RMSNorm(b_s)) b_s   Block Attention Residuals
@@ -12,18 +12,19 @@ embeddings, causal scaled-dot-product attention, GELU MLP, tied LM head, no bias
 
 Glossary (README: "The method in a few lines of math"); q, k, v are token attention's alone, never the read's
     sublayer  one attention or one MLP; a transformer Block holds two. L = 2 * n_layer sublayers, l = 0 .. L-1
-    S, N, d   attnres_block_size: sublayers per AttnRes block (1 = Full AttnRes); a read's sources; the width
-    AttnRes block  S consecutive sublayers (not a transformer Block, not block_size, the context length)
+    S         attnres_block_size: an AttnRes block is S consecutive sublayers (1 = Full AttnRes; not a
+              transformer Block, nor block_size, the context length). N, R, d: a read's sources, routes, width (C)
     source    what a read chooses from: b_0 = the embedding, b_n = the sum of AttnRes block n's outputs, the partial
     partial   the sum of the outputs of the current AttnRes block so far (shown as `part`)
     read      h = sum_s alpha_s b_s, alpha = softmax_s(w . RMSNorm(b_s)): a pseudo-query w scores the normalised
               sources, alpha mixes the raw ones (the gain of that RMSNorm: source_gain). h: a read's output
               (transformer.h keeps nanoGPT's name for the list of Blocks: the checkpoints' tensor names)
-    route     one softmax of a read, with its own pseudo-query w_<route>: qk (feeds attention's q and k, and in
-              attnres v too), v (feeds attention's v: RD-AttnRes), heads1/heads2 (ctrl_heads), mlp, final
+    read point  where reads happen (a DepthRead): before each sublayer, and the final read after the last one
+    route     one read of a read point, with the pseudo-query ATTENTION_ROUTES names: qk (w_qk: attention's q, k,
+              and v in attnres), v (w_v: attention's v; ctrl_dup's reuses w_qk), heads1/heads2 (ctrl_heads), mlp, final
     x         a sublayer's input: the residual stream (standard), a read through the pre-norm (x_qk, x_v)
-`### BEGIN SOLUTION n` ... `### END SOLUTION` (a student's handout: BEGIN/END YOUR CODE (assignment n)) mark
-what assignment n of the course kit asks students to write (COURSE.md); Python ignores the markers.
+`### BEGIN SOLUTION <k>` ... `### END SOLUTION` (a student's handout: BEGIN/END YOUR CODE (assignment <k>)) mark
+what assignment k of the course kit asks students to write (COURSE.md); Python ignores the markers.
 """
 
 import math
@@ -72,8 +73,7 @@ class GPTConfig:
             warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: one "
                           f"block, every read sees the embedding and the partial only (1 = Full AttnRes)")
         if self.residual == 'ctrl_heads' and self.n_head % 2 != 0:
-            raise ValueError(f"residual='ctrl_heads' splits the heads into two halves, one per route: n_head must be "
-                             f"even, got {self.n_head}")
+            raise ValueError(f"ctrl_heads gives each route half the heads: n_head must be even, got {self.n_head}")
         if (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"head dim n_embd/n_head={self.n_embd // self.n_head} must be even for rotary "
                              "embeddings (they rotate pairs of channels); change n_embd or n_head")
@@ -88,16 +88,16 @@ def RMSNorm(dim):
 
 
 def rotary_tables(block_size, head_dim, base=10000.0):
-    # channel pair i of position t is rotated by the angle t * base^(-2i/head_dim)
+    # channel pair j of position t is rotated by the angle t * base^(-2j/head_dim)
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
     return angles.cos(), angles.sin()
 
 
-def apply_rotary(x, cos, sin):
-    # x: (B, n_head, T, head_dim); rotate the pairs (x1[i], x2[i]) made of the two halves of the head
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+def apply_rotary(t, cos, sin):
+    # t: q or k (B, n_head, T, head_dim); rotate the pairs (t1[j], t2[j]) made of the two halves of the head
+    t1, t2 = t.float().chunk(2, dim=-1)
+    return torch.cat([t1 * cos - t2 * sin, t1 * sin + t2 * cos], dim=-1).type_as(t)
 
 
 class CausalSelfAttention(nn.Module):
@@ -112,8 +112,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x_qk, x_v, cos, sin):
-        C = x_qk.size(-1)
-        q, k = self.c_qk(x_qk).split(C, dim=2)
+        q, k = self.c_qk(x_qk).chunk(2, dim=-1)
         return self.attend(q, k, self.c_v(x_v), cos, sin)
 
     def attend(self, q, k, v, cos, sin):
@@ -144,17 +143,17 @@ def fp32(x):
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def source(x):
+def source(b):
     """A depth source as the reads use it: (b in float32, like the standard residual stream under autocast,
     1/rms(b) (B, T, 1)). A read scores RMSNorm(b) = b * (1/rms(b)) * gain; with the gain folded into the
     pseudo-query (DepthRead), that costs one (B, T, 1) tensor per source per forward, never a normalised copy."""
-    x = fp32(x)
-    return x, torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
+    b = fp32(b)
+    return b, torch.rsqrt(b.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
 
 
 def n_sources(l, S):
-    """Sources of the read before sublayer l: the embedding, the l // S finished AttnRes blocks, the partial
-    unless l opens one. For l = L (the final read, the last one closed): 1 + ceil(L / S)."""
+    """The number N of sources of the read point before sublayer l: the embedding, the l // S finished AttnRes
+    blocks, the partial unless l opens one. For l = L (the final read, the last one closed): 1 + ceil(L / S)."""
     return 1 + l // S + (l % S != 0)
 
 
@@ -169,13 +168,13 @@ def read_sources(sources, w):
     w: (R, d) pseudo-queries with the source norm's gain g folded in: w . (g * b / rms(b)) = ((w * g) . b) / rms(b)
     returns h (R, B, T, d) and alpha (R, B, T, N), both float32 (float64 when the sources are float64).
     """
-    x0 = sources[0][0]
+    b0 = sources[0][0]
     # Float32 even under bf16 autocast: the sources have very different scales, and bf16's 8 bits of mantissa
     # would blur the mixture. Each score an elementwise product and a sum, not a matmul: on GPUs with TF32 on a
     # matmul rounds its inputs to 10 bits. The read is memory-bound, so this costs the same (compiled, it fuses).
     ### BEGIN SOLUTION 1
-    with torch.autocast(device_type=x0.device.type, enabled=False):
-        w = w.to(x0.dtype)                                                      # (R, d)
+    with torch.autocast(device_type=b0.device.type, enabled=False):
+        w = w.to(b0.dtype)                                                      # (R, d)
         scores = []
         for b, inv_rms in sources:                                              # source s: its score per route
             scores.append(torch.stack([(b * w_r).sum(-1) for w_r in w]) * inv_rms[..., 0])   # (R, B, T)
@@ -207,14 +206,15 @@ class DepthRead(nn.Module):
         ### END SOLUTION
 
     def forward(self, sources, log=None):
-        """h (routes, B, T, d); with a list as `log`, each route's depth distribution is appended to it: alpha
-        averaged over the tokens, and the tokens' mean entropy (nats) of theirs (run_kit/routing.py uses them)."""
+        """h (R, B, T, d), one read per route; with a list as `log`, each route's depth distribution is appended:
+        alpha averaged over the tokens, and the tokens' mean entropy (nats) (run_kit/routing.py uses them)."""
         h, alpha = read_sources(sources, self.pseudo_queries())
         if log is not None:
             for r, route in enumerate(self.routes):
-                a = alpha[r].detach().float()                   # (B, T, N)
-                log.append(dict(sublayer=self.sublayer, layer=self.layer, route=route, alpha=a.mean(dim=(0, 1)),
-                                token_entropy=-(a * a.clamp_min(1e-30).log()).sum(-1).mean()))
+                alpha_r = alpha[r].detach().float()             # (B, T, N)
+                log.append(dict(sublayer=self.sublayer, layer=self.layer, route=route,
+                                alpha=alpha_r.mean(dim=(0, 1)),
+                                token_entropy=-(alpha_r * alpha_r.clamp_min(1e-30).log()).sum(-1).mean()))
         return h
 
 
@@ -241,7 +241,7 @@ class Block(nn.Module):
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector (control_attention)
 
     def attn_inputs(self, h):
-        """The attention sublayer's two inputs from its read h (R, B, T, d), one row per route: the first
+        """The attention sublayer's two inputs from its read point's h (R, B, T, d), one read per route: the first
         route's and the last route's, each through the attention's pre-norm (one route: the same x twice)."""
         ### BEGIN SOLUTION 2
         x = self.norm_attn(h)                              # the same pre-norm for both routes [chosen]
@@ -249,7 +249,7 @@ class Block(nn.Module):
         ### END SOLUTION
 
     def attention(self, h, cos, sin):
-        """The attention sublayer's output from its read h (R, B, T, d)."""
+        """The attention sublayer's output from its read point's h (R, B, T, d), one read per route."""
         if self.residual in CONTROLS:
             return control_attention(self, h, cos, sin)    # the controls' attention: at the end of this file
         x_qk, x_v = self.attn_inputs(h)
@@ -260,7 +260,7 @@ class Block(nn.Module):
         return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds q, k and v
 
     def sublayer_output(self, is_attention, h, cos, sin):
-        """The output of this block's attention sublayer (else its MLP sublayer) from its read h (R, B, T, d).
+        """This block's attention sublayer's output (else its MLP's) from its read point's h (R, B, T, d).
         The MLP's read has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
         return self.attention(h, cos, sin) if is_attention else self.mlp(self.norm_mlp(h[0]))
 
@@ -288,15 +288,15 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        for name, p in self.named_parameters():
+        for name, param in self.named_parameters():
             if name.endswith('c_proj.weight'):  # outputs written into the residual: scaled by depth (GPT-2)
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                torch.nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         self.record_routing = False  # set True to keep each read's depth distribution in self.routing
         self.routing = []
 
     def get_num_params(self):
         # the tied embedding / LM head is counted once; rotary tables are buffers, not parameters
-        return sum(p.numel() for p in self.parameters())
+        return sum(param.numel() for param in self.parameters())
 
     def forward(self, idx, targets=None):
         B, T = idx.size()
@@ -305,11 +305,11 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if self.config.residual == 'standard':
             for block in self.transformer.h:
-                a = block.norm_attn(x)
-                x = x + block.attn(a, a, self.rope_cos, self.rope_sin)
+                x_norm = block.norm_attn(x)
+                x = x + block.attn(x_norm, x_norm, self.rope_cos, self.rope_sin)
                 x = x + block.mlp(block.norm_mlp(x))
         else:
-            x = self.forward_depth_routed(x)
+            x = self.forward_depth_routed(x)   # the final read's output h, where standard has its stream
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
             return self.lm_head(x[:, [-1], :]), None
@@ -325,12 +325,13 @@ class GPT(nn.Module):
         return block.attn_read if l % 2 == 0 else block.mlp_read
 
     def sublayer_output(self, l, h):
-        """The output of sublayer l (attention when l is even, MLP when odd) from its read h (R, B, T, d)."""
+        """The output of sublayer l (attention when l is even, MLP when odd) from its read point's h (R, B, T, d)."""
         return self.transformer.h[l // 2].sublayer_output(l % 2 == 0, h, self.rope_cos, self.rope_sin)
 
     def forward_depth_routed(self, embedding):
         """Every sublayer reads its input from the sources instead of a running sum. Sources are *increments*:
-        the embedding, one per finished AttnRes block (the sum of its sublayers' outputs), the partial."""
+        the embedding, one per finished AttnRes block (the sum of its sublayers' outputs), the partial. Returns
+        the final read's output h (B, T, d), which ln_f and the LM head see."""
         S, L = self.config.attnres_block_size, 2 * self.config.n_layer
         log = [] if self.record_routing else None
         ### BEGIN SOLUTION 3
@@ -351,15 +352,15 @@ class GPT(nn.Module):
         return h
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        params = [p for p in self.parameters() if p.requires_grad]
+        params = [param for param in self.parameters() if param.requires_grad]
         # Decay the matrices (linear weights, the tied embedding). Never the vectors: decaying a norm
         # gain drags it to 0, and decaying a pseudo-query drags its read back to the uniform average.
-        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        groups = [{'params': [param for param in params if param.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [param for param in params if param.dim() < 2], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == 'cuda'))
 
     def read_points(self):
-        """(sublayer, routes, sources) of every depth read of a forward pass, in order (2*n_layer: the final read)."""
+        """(sublayer, R, N) of every read point of a forward pass, in order (sublayer 2*n_layer: the final read)."""
         return [(m.sublayer, len(m.routes), n_sources(m.sublayer, self.config.attnres_block_size))
                 for m in self.modules() if isinstance(m, DepthRead)]
 
@@ -385,8 +386,8 @@ class GPT(nn.Module):
             logits, _ = self(idx_cond)
             logits = logits[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float('inf')
+                top_logits, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < top_logits[:, [-1]]] = -float('inf')
             idx_next = torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
@@ -399,7 +400,7 @@ CONTROLS = ('ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
 
 
 def control_attention(block, h, cos, sin):
-    """The attention sublayer of a control, from its read h (R, B, T, d)."""
+    """The attention sublayer of a control, from its read point's h (R, B, T, d)."""
     if block.residual == 'ctrl_params':      # attnres's one read, and the extra vector spent as a gain on it
         h = h * block.attn_input_gain
     x_1, x_2 = block.attn_inputs(h)
@@ -412,7 +413,7 @@ def attention_by_heads(attn, x_heads1, x_heads2, cos, sin):
     """ctrl_heads: x_heads1 feeds q, k and v of the first half of the heads, x_heads2 of the other. Rows
     j*hd:(j+1)*hd of a projection belong to head j: each half is projected by its own rows, none twice."""
     C = x_heads1.size(-1)
-    half = C // 2                                                  # the rows of heads 1 .. n_head/2
+    half = C // 2                                                  # the rows of heads 0 .. n_head/2 - 1
     rows_q, rows_k = attn.c_qk.weight.split(C)
     q, k, v = (torch.cat([F.linear(x_heads1, rows[:half]), F.linear(x_heads2, rows[half:])], dim=-1)
                for rows in (rows_q, rows_k, attn.c_v.weight))

@@ -31,11 +31,11 @@ HERE = course.HERE
 # score 0 in every concept.
 TRIVIAL = {
     1: {'uniform': [['    h = torch.stack([sum(b for b, _ in sources) / len(sources)] * len(w))',
-                     '    alpha = torch.full((len(w), *x0.shape[:2], len(sources)), 1 / len(sources), dtype=x0.dtype)']],
-        'zeros': [['    h = torch.zeros(len(w), *x0.shape, dtype=x0.dtype)',
-                   '    alpha = torch.zeros(len(w), *x0.shape[:2], len(sources), dtype=x0.dtype)']],
-        'identity': [['    h = x0.expand(len(w), *x0.shape)',
-                      '    alpha = torch.zeros(len(w), *x0.shape[:2], len(sources), dtype=x0.dtype)',
+                     '    alpha = torch.full((len(w), *b0.shape[:2], len(sources)), 1 / len(sources), dtype=b0.dtype)']],
+        'zeros': [['    h = torch.zeros(len(w), *b0.shape, dtype=b0.dtype)',
+                   '    alpha = torch.zeros(len(w), *b0.shape[:2], len(sources), dtype=b0.dtype)']],
+        'identity': [['    h = b0.expand(len(w), *b0.shape)',
+                      '    alpha = torch.zeros(len(w), *b0.shape[:2], len(sources), dtype=b0.dtype)',
                       '    alpha[..., 0] = 1']]},
     2: {'zeros': [['        return torch.zeros(len(self.routes), self.source_gain.numel(), dtype=self.source_gain.dtype)'],
                   ['        return torch.zeros_like(h[0]), torch.zeros_like(h[0])']],
