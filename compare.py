@@ -13,9 +13,11 @@ controls with attnres. These are the paper's comparisons (ctrl_heads, this proje
 compared as the paper compares its controls). --pair ARM:BASE adds any other two modes, e.g.
 rd_attnres:standard; such a table is labelled as not one of the paper's comparisons, with the changes
 between the two modes (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
-frozen configuration except `residual` (and output paths) and must have seen the same batches
-(train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
-of the report with the reason, while every valid pair is still reported (--strict: exit non-zero).
+frozen configuration except `residual` (and output paths) and must have trained on the same windows
+at every step (train.py logs a digest of every step's windows so far on each training and evaluation
+row; logs written before it did have a fingerprint of each logged step's windows, which is checked
+instead); otherwise it is refused: listed at the end of the report with the reason, while every valid
+pair is still reported (--strict: exit non-zero).
 """
 
 import argparse
@@ -137,8 +139,9 @@ def load_run(path):
     except SystemExit as e:               # read_log's message for a bad line
         raise NotARun(str(e)) from None
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
+    digests = {r['step']: r['data_digest'] for r in rows if 'data_digest' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=logged_evals(rows),
-                hashes=hashes, diverged=divergence_of(rows))
+                hashes=hashes, digests=digests, diverged=divergence_of(rows))
 
 
 def load_runs(paths):
@@ -168,10 +171,29 @@ def pair_problem(a, b):
     if diff:
         listing = ', '.join(f"{k}: {a['config'].get(k)!r} vs {b['config'].get(k)!r}" for k in diff)
         return f"frozen configurations differ in {listing} (only residual may differ within a pair)"
-    common = set(a['hashes']) & set(b['hashes'])
-    bad = sorted(s for s in common if a['hashes'][s] != b['hashes'][s])
+    return data_problem(a, b)
+
+
+def data_problem(a, b):
+    """Why two runs did not train on the same windows, or None. Their data digests (train.py: every step's
+    windows since step 0) are compared at every step both logged one; logs without them (written before
+    train.py kept one) by the fingerprints of the logged steps' windows, every log_interval-th step only."""
+    same = (f"train both arms with the same code, seed and data (git_commit {a['config'].get('git_commit')} vs "
+            f"{b['config'].get('git_commit')}; changes not committed are not in it)")
+    common = sorted(set(a['digests']) & set(b['digests']))
+    first = next((s for s in common if a['digests'][s] != b['digests'][s]), None)
+    if first is not None:
+        last = max([s for s in common if s < first], default=None)   # (a log's step s: after steps 0 .. s-1)
+        where = (f"agree at step {last} and differ at step {first}" if last is not None else
+                 f"differ at step {first}, the first both logged")
+        steps = f"step {first - 1}" if (last or 0) == first - 1 else f"one of the steps {last or 0} to {first - 1}"
+        return (f"they trained on different batches: their data digests (of every step's windows so far) {where}, so "
+                f"{steps} trained on other windows. A pair must train on the same windows at every step: {same}")
+    common = sorted(set(a['hashes']) & set(b['hashes']))
+    bad = [s for s in common if a['hashes'][s] != b['hashes'][s]]
     if bad:
-        return f"they trained on different batches (data fingerprints differ at steps {bad[:5]}); a pair must share seed and data"
+        return (f"they trained on different batches (data fingerprints differ at steps {bad[:5]}); a pair must share "
+                f"seed and data: {same}")
     return None
 
 

@@ -123,6 +123,8 @@ def test_a_torn_last_log_line_is_dropped_and_a_bad_line_named(study):
 
 
 def test_pair_that_saw_other_batches_is_refused(tmp_path):
+    # logs written before train.py kept a data digest (as the committed study's): the fingerprints of the
+    # logged steps are checked
     root = str(tmp_path)
     make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
     path = make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
@@ -130,7 +132,43 @@ def test_pair_that_saw_other_batches_is_refused(tmp_path):
     text = open(log).read().replace('"1-50"', '"9-50"')
     open(log, 'w').write(text)
     results, _, refused = compare.compare([compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')])
-    assert results == [] and 'different batches' in refused[0][1]
+    assert results == [] and 'different batches' in refused[0][1] and 'differ at steps [50]' in refused[0][1]
+
+
+def test_old_logs_without_a_digest_still_pair(tmp_path):
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
+    runs = [compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')]
+    assert all(run['digests'] == {} and run['hashes'] for run in runs)
+    results, _, refused = compare.compare(runs)
+    assert refused == [] and [p['seed'] for p in results[0]['pairs']] == [1]
+
+
+def test_windows_that_differ_at_a_step_no_row_logs_are_refused(tmp_path):
+    # log_interval 10: rows at steps 0 (evaluation), 10 and 20; the arms' windows differ at step 3 only, so
+    # every logged step's fingerprint agrees, and only the digest (of every step's windows so far) tells
+    root = str(tmp_path)
+    windows = lambda s: [7 * s, 7 * s + 1]
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3, steps=(0, 10, 20), windows=windows)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2, steps=(0, 10, 20), windows=lambda s: [5, 6] if s == 3 else windows(s))
+    runs = [compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')]
+    assert runs[0]['hashes'] == runs[1]['hashes'] and runs[0]['digests'][0] == runs[1]['digests'][0]
+    results, _, refused = compare.compare(runs)
+    assert results == [] and refused[0][0] == os.path.join(root, 'rd_s1'), refused
+    said = refused[0][1]
+    assert 'different batches' in said and 'agree at step 0 and differ at step 10' in said and 'steps 0 to 9' in said, said
+    assert 'train both arms with the same code, seed and data (git_commit abc vs abc;' in said, said
+    # the fingerprints alone (a log without digests) could not tell
+    for run in runs:
+        run['digests'] = {}
+    assert compare.compare(runs)[2] == []
+    # the steps named: from the last step where the digests agree (or step 0) to the one before the first that differs
+    run = lambda digests: dict(config={}, hashes={}, digests=digests)
+    said = compare.data_problem(run({10: 'a', 11: 'b'}), run({10: 'a', 11: 'c'}))
+    assert 'agree at step 10 and differ at step 11, so step 10 trained on other windows' in said, said
+    said = compare.data_problem(run({10: 'a', 20: 'b'}), run({10: 'c', 20: 'b'}))
+    assert 'differ at step 10, the first both logged, so one of the steps 0 to 9 trained on other windows' in said, said
 
 
 def test_earlier_step_and_runs_in_progress(study, tmp_path):
