@@ -60,7 +60,7 @@ ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the
                  "self.sublayer(l, self.read_point(l)(sources, log))"),
     4: dict(title="The paired data order",
             task="the windows of optimizer step `step`, all ranks together, as a list of ints: the slice "
-                 "[step*W, (step+1)*W) of the epochs' seed-keyed permutations (window_order), crossing into the "
+                 "[step*M, (step+1)*M) of the epochs' seed-keyed permutations (window_order), crossing into the "
                  "next epoch where needed"),
     5: dict(title="The paired statistics",
             task="mean and sample sd (n - 1) of the paired differences, the 95% t-interval half-width, the wins "

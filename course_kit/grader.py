@@ -474,7 +474,7 @@ def assignment3():
 
 
 def same_anywhere(got, ref):
-    """A step's windows asked by another rank are the ones a single process gets: W windows of the data that
+    """A step's windows asked by another rank are the ones a single process gets: M windows of the data that
     change from step to step (so a fixed list is no order); whether they are the right ones is the exact
     order's concept."""
     v = got[1]
@@ -487,7 +487,7 @@ def same_anywhere(got, ref):
         return ("another rank got other windows than a single process: return the whole step, whoever asks "
                 "(nothing may depend on RANK or WORLD_SIZE)")
     if len(alone) != n:
-        return f"a step has {len(alone)} windows, not W = {n}: the whole step, all ranks together"
+        return f"a step has {len(alone)} windows, not M = {n}: the whole step, all ranks together"
     if alone == after:
         return "the windows are the same at every step: no data order"
     return None
@@ -508,12 +508,12 @@ def assignment4():
                      for step, n, w, seed in cases)
     return (
         Concept("the exact order: each epoch a seed-keyed permutation, steps crossing epochs", 2,
-                "epoch e is window_order(n_windows, seed, e); step s takes positions [s*W, (s+1)*W) of the endless "
+                "epoch e is window_order(n_windows, seed, e); step s takes positions [s*M, (s+1)*M) of the endless "
                 "sequence of epochs",
                 probes(one, [(0, 1000, 64, 5), (15, 1000, 64, 5), (16, 1000, 64, 5), (47, 1000, 64, 5),
                              (3, 100, 250, 2), (7, 4096, 512, 1)])),
         Concept("the same order on any number of processes", 4,
-                "return the whole step's W windows, whoever asks: train.py splits them between the ranks; nothing "
+                "return the whole step's M windows, whoever asks: train.py splits them between the ranks; nothing "
                 "may depend on RANK or WORLD_SIZE",
                 anywhere(dict(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2), [(15, 1000, 64, 5), (3, 100, 250, 2)])
                 + anywhere(dict(RANK=3, LOCAL_RANK=3, WORLD_SIZE=4), [(31, 1000, 64, 7), (2, 4096, 512, 1)])))
