@@ -91,7 +91,8 @@ def t_quantile(p, df):
 
 
 def sign_test_p(wins, n):
-    """Exact two-sided sign test: the probability of a split at least this lopsided under a fair coin."""
+    """Exact two-sided sign test of `wins` out of n pairs that are not ties: the probability of a split at
+    least this lopsided under a fair coin (p = 1 for n = 0)."""
     ### BEGIN SOLUTION 5
     k = min(wins, n - wins)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
@@ -101,17 +102,20 @@ def sign_test_p(wins, n):
 
 def paired_stats(deltas):
     """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent), one per seed: mean Δ, its
-    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0)
-    and the exact two-sided sign test. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
+    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0),
+    ties (Δ = 0) and the exact two-sided sign test, which leaves the ties out: wins out of the n - ties
+    pairs that are not ties. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
     n = len(deltas)
     ### BEGIN SOLUTION 5
     mean = sum(deltas) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1)) if n > 1 else float('nan')
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float('nan')
     wins = sum(d < 0 for d in deltas)
+    ties = sum(d == 0 for d in deltas)   # neither a win nor a loss: the sign test has nothing to count
+    p = sign_test_p(wins, n - ties)
     ### END SOLUTION
     return dict(n=n, mean_delta=mean, sd=sd, ci95=[mean - half, mean + half], ppl_reduction_pct=100 * (1 - math.exp(mean)),
-                wins=wins, sign_test_p=sign_test_p(wins, n))
+                wins=wins, ties=ties, sign_test_p=p)
 
 
 # -----------------------------------------------------------------------------
@@ -316,6 +320,12 @@ def not_the_papers(arm, base):
     return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are {how})"
 
 
+def sign_count(k, n, ties):
+    """k pairs (the wins) out of the n - ties that are not ties, as the sign test counts them, and the ties if
+    any: '5/9 (1 tie)'."""
+    return f"{k}/{n - ties}" + (f" ({ties} tie{'s' if ties > 1 else ''})" if ties else '')
+
+
 def markdown(results):
     out = []
     for r in results:
@@ -332,7 +342,7 @@ def markdown(results):
         out.append("| mean Δ | sd | 95% t-interval | ppl reduction | wins | sign test p |")
         out.append("|---:|---:|---:|---:|---:|---:|")
         out.append(f"| {r['mean_delta']:+.4f} | {spread} | {r['ppl_reduction_pct']:.2f}% "
-                   f"| {r['wins']}/{r['n']} | {r['sign_test_p']:.3g} |")
+                   f"| {sign_count(r['wins'], r['n'], r['ties'])} | {r['sign_test_p']:.3g} |")
         if r['n'] == 1:
             out.append("\n(one pair: no spread and no interval can be estimated from it; run more seeds)")
         if r['skipped_seeds']:
