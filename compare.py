@@ -13,9 +13,11 @@ controls with attnres. These are the paper's comparisons (ctrl_heads, this proje
 compared as the paper compares its controls). --pair ARM:BASE adds any other two modes, e.g.
 rd_attnres:standard; such a table is labelled as not one of the paper's comparisons, with the changes
 between the two modes (Δ = NLL(ARM) − NLL(BASE)). A pair must have the same
-frozen configuration except `residual` (and output paths) and must have seen the same batches
-(train.py logs a fingerprint of every logged step's data); otherwise it is refused: listed at the end
-of the report with the reason, while every valid pair is still reported (--strict: exit non-zero).
+frozen configuration except `residual` (and output paths) and must have trained on the same windows
+at every step (train.py logs a digest of every step's windows so far on each training and evaluation
+row; logs written before it did have a fingerprint of each logged step's windows, which is checked
+instead); otherwise it is refused: listed at the end of the report with the reason, while every valid
+pair is still reported (--strict: exit non-zero).
 """
 
 import argparse
@@ -89,7 +91,8 @@ def t_quantile(p, df):
 
 
 def sign_test_p(wins, n):
-    """Exact two-sided sign test: the probability of a split at least this lopsided under a fair coin."""
+    """Exact two-sided sign test of `wins` out of n pairs that are not ties: the probability of a split at
+    least this lopsided under a fair coin (p = 1 for n = 0)."""
     ### BEGIN SOLUTION 5
     k = min(wins, n - wins)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
@@ -99,17 +102,20 @@ def sign_test_p(wins, n):
 
 def paired_stats(deltas):
     """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent), one per seed: mean Δ, its
-    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0)
-    and the exact two-sided sign test. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
+    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0),
+    ties (Δ = 0) and the exact two-sided sign test, which leaves the ties out: wins out of the n - ties
+    pairs that are not ties. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
     n = len(deltas)
     ### BEGIN SOLUTION 5
     mean = sum(deltas) / n
     sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1)) if n > 1 else float('nan')
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float('nan')
     wins = sum(d < 0 for d in deltas)
+    ties = sum(d == 0 for d in deltas)   # neither a win nor a loss: the sign test has nothing to count
+    p = sign_test_p(wins, n - ties)
     ### END SOLUTION
     return dict(n=n, mean_delta=mean, sd=sd, ci95=[mean - half, mean + half], ppl_reduction_pct=100 * (1 - math.exp(mean)),
-                wins=wins, sign_test_p=sign_test_p(wins, n))
+                wins=wins, ties=ties, sign_test_p=p)
 
 
 # -----------------------------------------------------------------------------
@@ -137,8 +143,9 @@ def load_run(path):
     except SystemExit as e:               # read_log's message for a bad line
         raise NotARun(str(e)) from None
     hashes = {r['step']: r['data_hash'] for r in rows if 'data_hash' in r}
+    digests = {r['step']: r['data_digest'] for r in rows if 'data_digest' in r}
     return dict(path=path, name=os.path.basename(os.path.normpath(path)), config=config, evals=logged_evals(rows),
-                hashes=hashes, diverged=divergence_of(rows))
+                hashes=hashes, digests=digests, diverged=divergence_of(rows))
 
 
 def load_runs(paths):
@@ -168,10 +175,29 @@ def pair_problem(a, b):
     if diff:
         listing = ', '.join(f"{k}: {a['config'].get(k)!r} vs {b['config'].get(k)!r}" for k in diff)
         return f"frozen configurations differ in {listing} (only residual may differ within a pair)"
-    common = set(a['hashes']) & set(b['hashes'])
-    bad = sorted(s for s in common if a['hashes'][s] != b['hashes'][s])
+    return data_problem(a, b)
+
+
+def data_problem(a, b):
+    """Why two runs did not train on the same windows, or None. Their data digests (train.py: every step's
+    windows since step 0) are compared at every step both logged one; logs without them (written before
+    train.py kept one) by the fingerprints of the logged steps' windows, every log_interval-th step only."""
+    same = (f"train both arms with the same code, seed and data (git_commit {a['config'].get('git_commit')} vs "
+            f"{b['config'].get('git_commit')}; changes not committed are not in it)")
+    common = sorted(set(a['digests']) & set(b['digests']))
+    first = next((s for s in common if a['digests'][s] != b['digests'][s]), None)
+    if first is not None:
+        last = max([s for s in common if s < first], default=None)   # (a log's step s: after steps 0 .. s-1)
+        where = (f"agree at step {last} and differ at step {first}" if last is not None else
+                 f"differ at step {first}, the first both logged")
+        steps = f"step {first - 1}" if (last or 0) == first - 1 else f"one of the steps {last or 0} to {first - 1}"
+        return (f"they trained on different batches: their data digests (of every step's windows so far) {where}, so "
+                f"{steps} trained on other windows. A pair must train on the same windows at every step: {same}")
+    common = sorted(set(a['hashes']) & set(b['hashes']))
+    bad = [s for s in common if a['hashes'][s] != b['hashes'][s]]
     if bad:
-        return f"they trained on different batches (data fingerprints differ at steps {bad[:5]}); a pair must share seed and data"
+        return (f"they trained on different batches (data fingerprints differ at steps {bad[:5]}); a pair must share "
+                f"seed and data: {same}")
     return None
 
 
@@ -294,6 +320,12 @@ def not_the_papers(arm, base):
     return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are {how})"
 
 
+def sign_count(k, n, ties):
+    """k pairs (the wins) out of the n - ties that are not ties, as the sign test counts them, and the ties if
+    any: '5/9 (1 tie)'."""
+    return f"{k}/{n - ties}" + (f" ({ties} tie{'s' if ties > 1 else ''})" if ties else '')
+
+
 def markdown(results):
     out = []
     for r in results:
@@ -310,7 +342,7 @@ def markdown(results):
         out.append("| mean Δ | sd | 95% t-interval | ppl reduction | wins | sign test p |")
         out.append("|---:|---:|---:|---:|---:|---:|")
         out.append(f"| {r['mean_delta']:+.4f} | {spread} | {r['ppl_reduction_pct']:.2f}% "
-                   f"| {r['wins']}/{r['n']} | {r['sign_test_p']:.3g} |")
+                   f"| {sign_count(r['wins'], r['n'], r['ties'])} | {r['sign_test_p']:.3g} |")
         if r['n'] == 1:
             out.append("\n(one pair: no spread and no interval can be estimated from it; run more seeds)")
         if r['skipped_seeds']:

@@ -64,7 +64,8 @@ ASSIGNMENTS = {   # the statements: COURSE.md; the concepts, their marks and the
                  "next epoch where needed"),
     5: dict(title="The paired statistics",
             task="mean and sample sd (n - 1) of the paired differences, the 95% t-interval half-width, the wins "
-                 "(delta < 0), and the exact two-sided sign test; with one pair the sd and interval are NaN"),
+                 "(delta < 0), the ties (delta = 0), and the exact two-sided sign test of the wins among the pairs "
+                 "that are not ties; with one pair the sd and interval are NaN"),
 }
 # What a handout holds: the project (its code, tests, configs and docs, so that its own suite runs and every
 # file it names is there), but the instructor's kit (the grader, the sandbox's worker, the hidden checks and the

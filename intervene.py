@@ -138,7 +138,7 @@ def same_log(out_dir, reference):
 def report_section(root, folder, runs):
     """Markdown for study.py report: the interventions of the runs of `folder` (paths relative to root) that
     have an interventions.json; a line naming the runs of a two-route mode that have none."""
-    from compare import paired_stats
+    from compare import paired_stats, sign_count
     rows, missing = {}, []
     for path in runs:
         found = os.path.join(root, path, 'interventions.json')
@@ -169,8 +169,8 @@ def report_section(root, folder, runs):
             deltas = [by_seed[s][n] - by_seed[s]['as_trained'] for s in sorted(by_seed)]
             st = paired_stats(deltas)
             out.append(f"| {mode}: {n} | {st['n']} | {st['mean_delta']:+.4f} | {fmt(st['sd'])} | "
-                       f"[{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | {sum(d > 0 for d in deltas)}/{st['n']} | "
-                       f"{fmt(st['sign_test_p'], '.3g')} |")
+                       f"[{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
+                       f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])} | {fmt(st['sign_test_p'], '.3g')} |")
         out.append('')
     if missing:
         out.append(f"No interventions yet for {len(missing)} runs of {' or '.join(TIES)} here ({missing[0]}"

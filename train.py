@@ -4,13 +4,17 @@ Train one arm of a paired comparison. One process:
 DDP on 8 GPUs of one node (docs/training.md for several nodes):
     torchrun --standalone --nproc_per_node=8 train.py config/rd_343m.py --seed=2
 
-The paired protocol (docs/training.md), all of it in this file: for one `seed`, every arm gets the same
-initial values of the parameters it shares with the others (torch.manual_seed(seed) before the model is
-built; model.py draws random numbers for the same weights in every mode) and sees the same batches in
-the same order ("The paired data order" below: each epoch a permutation of the training windows keyed by
-(seed, epoch); step s trains on windows [s*W, (s+1)*W) of the epochs one after another, W =
-total_batch_size / block_size, and the ranks split them), so the order depends neither on the number of
-processes nor on the micro-batch size.
+The paired protocol (docs/training.md, "Paired seeds"): for one `seed`, every arm starts from the same
+values of the parameters it shares with the others and trains on the same windows at every step, on any
+number of processes and with any micro-batch size. Its pieces (a bare name is in this file):
+  - the seeded initialisation: torch.manual_seed(seed) before the model is built (start_run); model.py
+    draws random numbers for the same weights in every mode
+  - window_order(n_windows, seed, epoch): one epoch's permutation of train.bin's n_windows (run_control.count_windows)
+  - step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs in turn, M = total_batch_size /
+    block_size (run_control.batch_arithmetic); train gives each rank its grad_accum * batch_size of them
+  - the fingerprints: common.windows_hash of a step's windows (training rows); common.windows_digest of every
+    step's windows so far (training and evaluation rows; in the checkpoint: Run.save, run_dir.resume)
+  - the check: compare.pair_problem (the frozen keys, compare.FROZEN) and compare.data_problem (the digests)
 
 This file is the loop; what surrounds it is in run_kit/: how a run claims its out_dir, resumes and
 records itself (run_dir.py), the files it keeps there (run_files.py: config.json, log.jsonl, checkpoints),
@@ -33,12 +37,13 @@ import torch
 from fast_read.two_phase_read import compile_model
 from model import GPT
 from prepare import read_dataset
-from run_kit.common import build_model, detect_peak_flops, get_windows, resolve_dtype, schedule_length, tune_cpu, windows_hash
+from run_kit.common import (DIGEST_START, build_model, detect_peak_flops, get_windows, resolve_dtype, schedule_length,
+                            tune_cpu, windows_digest, windows_hash)
 from run_kit.routing import routing_log
 from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
                                  leave_process_group, note_nonfinite, ranks_agree, should_stop, start_processes,
                                  stop_diverged, validate, wrap_ddp)
-from run_kit.run_dir import RunRecord, claim_out_dir, fail, nothing_to_train, print_run_summary, print_step, resume, step_row
+from run_kit.run_dir import RunRecord, claim_out_dir, nothing_to_train, print_run_summary, print_step, resume, step_row
 from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
 # -----------------------------------------------------------------------------
@@ -61,7 +66,7 @@ wandb_group = ''            # '' = the comparison: shape and budget, e.g. 12x768
 # data
 dataset = 'tiny'            # data/<dataset>/{train,val}.bin, written by prepare.py
 data_dir = 'data'
-seed = 1                    # initialisation and data order: the pairing key
+seed = 1                    # initialisation and data order: what pairs two arms
 total_batch_size = 2 ** 19  # tokens per optimizer step, over all processes and micro-steps
 batch_size = 16             # micro-batch size per process
 block_size = 1024
@@ -97,12 +102,12 @@ DEFAULTS = {k: v for k, v in dict(globals()).items()
 
 
 # -----------------------------------------------------------------------------
-# The paired data order: one global sequence of training windows, keyed by the seed. A window is
-# block_size + 1 consecutive tokens of train.bin; W windows (all ranks together) make one optimizer step.
+# The paired data order: one global sequence of training windows, drawn from the seed. A window is
+# block_size + 1 consecutive tokens of train.bin; M windows (all ranks together) make one optimizer step.
 
 @functools.lru_cache(maxsize=2)  # a step spans at most two epochs: each permutation is built once
 def window_order(n_windows, seed, epoch):
-    """The permutation of training windows for one pass over the data, keyed by (seed, epoch)."""
+    """The permutation of training windows for one pass over the data, seeded by (seed, epoch)."""
     order = np.random.default_rng([seed, epoch]).permutation(n_windows)
     order.flags.writeable = False  # shared by every step of the epoch
     return order
@@ -110,9 +115,9 @@ def window_order(n_windows, seed, epoch):
 
 def step_windows(step, n_windows, windows_per_step, seed):
     """Indices of the windows that optimizer step `step` trains on, a list of ints in order, all ranks
-    together: the slice [step * W, (step + 1) * W) of the endless sequence of epochs. It depends on
-    nothing but the seed, the step and the batch in windows, so every arm of a seed, on any number of
-    processes and with any micro-batch size, trains on the same windows at the same step."""
+    together: the slice [step * M, (step + 1) * M) of the endless sequence of epochs, M = windows_per_step.
+    It depends on nothing but the seed, the step, the number of training windows and M, so every arm of a
+    seed, on any number of processes and with any micro-batch size, trains on the same windows at each step."""
     ### BEGIN SOLUTION 4
     first = step * windows_per_step
     out = []
@@ -175,8 +180,7 @@ def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
     for windows in val_batches:
-        x, y = get_windows(val_data, windows, T)
-        x, y = x.to(dev), y.to(dev)
+        x, y = (t.to(dev) for t in get_windows(val_data, windows, T))
         with ctx:
             _, loss = model(x, y)            # the mean over the scored tokens (padding has y = -1)
         n = (y != -1).sum().double()
@@ -207,14 +211,11 @@ def train_step(step, run, data, rank_windows):
         if proc.device_type == 'cuda':   # pinned memory: the copy runs while the GPU works
             x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(proc.device, non_blocking=True), y.to(proc.device, non_blocking=True)
-        if proc.ddp:
-            # all-reduce the gradients once per step, on the last micro-step, not after each one
+        if proc.ddp:   # all-reduce the gradients once per step, on the last micro-step, not after each one
             model.require_backward_grad_sync = micro == grad_accum - 1
         with run.ctx:
             _, loss = model(x, y)
-            # each micro-batch's loss is a mean over its tokens; dividing by grad_accum makes the summed
-            # gradients those of the mean over the whole step
-            loss = loss / grad_accum
+            loss = loss / grad_accum   # a micro-batch's mean over its tokens: the summed gradients are the step mean's
         loss_sum += loss.detach()
         scaler.scale(loss).backward()     # float16: scaled up so that small gradients do not underflow
     scaler.unscale_(optimizer)            # (these scaler calls do nothing unless float16)
@@ -250,6 +251,7 @@ class Run:
     val_batches: list
     routing_windows: list
     first_nonfinite: torch.Tensor   # (loss, norm) steps, then values: the first non-finite on this rank, -1 = never
+    data_digest: str                # every step's windows so far (common.windows_digest)
 
     def evaluate_log_save(self, step, best_val, checkpoint, resumed):
         """Evaluate at `step`; checkpoint if asked (after the ranks have checked that nothing diverged);
@@ -268,7 +270,7 @@ class Run:
             self.save(step, min(best_val, val_loss))
         if resumed or not cfg['eval_only']:   # eval_only from the initialisation writes nothing
             self.record.log(dict(step=step, tokens=step * cfg['total_batch_size'], val_loss=val_loss, routing=routing,
-                                 **(dict(eval_only=True) if cfg['eval_only'] else {})))
+                                 data_digest=self.data_digest, **(dict(eval_only=True) if cfg['eval_only'] else {})))
         return val_loss
 
     def save(self, step, best):
@@ -276,7 +278,7 @@ class Run:
         ranks_agree(self.raw_model, step, self.proc)   # (under DDP: every rank holds rank 0's parameters)
         self.record.save(dict(model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
                               scaler=self.scaler.state_dict(), step=step, best_val_loss=best, config=self.cfg,
-                              rng=rng_states()))
+                              rng=rng_states(), data_digest=self.data_digest))
 
 
 def start_run(cfg, proc):
@@ -287,9 +289,8 @@ def start_run(cfg, proc):
     cfg['dtype_resolved'] = dt_name     # frozen on resume: 'auto' may mean bf16 on one machine, fp16 on another
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=ptdtype)
     # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.read_sources)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # W = total_batch_size / T
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # M = total_batch_size / block_size
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])   # verified (prepare.py)
     n_windows, n_eval = count_windows(cfg, proc, windows_per_step, train_data, val_data)
     every_rank_has_it = claim_out_dir(cfg, proc)   # init_from is now scratch or resume, decided by rank 0
@@ -297,13 +298,13 @@ def start_run(cfg, proc):
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
     raw_model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
-    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
-                                           (cfg['beta1'], cfg['beta2']), proc.device_type)
-    scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'],
-                                  enabled=(ptdtype == torch.float16))
-    step, best_val, resumed = 0, float('inf'), {}
-    if cfg['init_from'] == 'resume':
-        step, best_val, resumed = resume(cfg, raw_model, optimizer, scaler, proc, every_rank_has_it)
+    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
+                                               proc.device_type)
+    scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'], enabled=ptdtype == torch.float16)
+    step, best_val, resumed, digest = 0, float('inf'), {}, DIGEST_START
+    if cfg['init_from'] == 'resume':   # (the digest: the checkpoint's, or for an older one, the order's from step 0)
+        step, best_val, resumed, digest = resume(cfg, raw_model, optimizer, scaler, proc, every_rank_has_it,
+                                                 lambda s: step_windows(s, n_windows, windows_per_step, cfg['seed']))
     fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
     # compile: two_phase, one region per AttnRes block, else the whole model (docs/performance.md)
     eval_model = compile_model(raw_model) if cfg['compile'] else raw_model
@@ -311,7 +312,7 @@ def start_run(cfg, proc):
               optimizer=optimizer, scaler=scaler, record=record, val_data=val_data,
               val_batches=eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
               routing_windows=list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing: the first val batch
-              first_nonfinite=torch.full((4,), -1, dtype=torch.int64, device=proc.device))
+              first_nonfinite=torch.full((4,), -1, dtype=torch.int64, device=proc.device), data_digest=digest)
     if proc.master:
         print_run_summary(cfg, raw_model, grad_accum, proc, dt_name, len(train_data), n_eval, step)
     return run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval)
@@ -321,8 +322,7 @@ def train(cfg, proc):
     """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
     tune_cpu(cfg, proc.device_type)   # on CPU: threads and allocator
     run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval) = start_run(cfg, proc)
-    done = nothing_to_train(run, step, resumed)
-    if done is not None:
+    if (done := nothing_to_train(run, step, resumed)) is not None:
         return done
     run.record.start(step, resumed, proc, dict(grad_accum=grad_accum, n_params=run.raw_model.get_num_params(),
                                                train_tokens=len(train_data), eval_windows=n_eval))
@@ -336,9 +336,10 @@ def train(cfg, proc):
             lr = get_lr(step, cfg)
             for group in run.optimizer.param_groups:
                 group['lr'] = lr
-            # the paired data order: the whole step's W windows (the same for every arm and any number of
+            # the paired data order: the whole step's M windows (the same for every arm and any number of
             # processes), then this rank's share of them
             windows = step_windows(step, n_windows, windows_per_step, cfg['seed'])
+            run.data_digest = windows_digest(run.data_digest, windows)   # chained with every step's before
             rank_windows = windows[proc.rank * grad_accum * B:(proc.rank + 1) * grad_accum * B]
             skips.before()
             loss_sum, norm = train_step(step, run, train_data, rank_windows)
@@ -350,7 +351,7 @@ def train(cfg, proc):
                 stopping = should_stop(run.first_nonfinite, bool(stop.received), step, run.record.ckpt_path, proc)
                 t_now = time.time()
                 row = step_row(step, cfg, proc, run.raw_model, loss_sum, norm, lr, (t_now - t_last) / (step - t_last_step),
-                               t_last_step == start_step, peak, windows_hash(windows), skips)
+                               t_last_step == start_step, peak, windows_hash(windows), run.data_digest, skips)
                 t_last, t_last_step = t_now, step
                 if proc.master:
                     print_step(row, cfg['max_iters'])

@@ -528,7 +528,8 @@ def assignment5():
         Concept("the paired table", 2, "sample sd over n - 1; half-width t(0.975, n-1) * sd / sqrt(n)",
                 probes([-0.03, -0.02, -0.04, -0.01, -0.05], [0.011, -0.023, 0.031, -0.047, 0.002])),
         Concept("the statistics on other values", 2,
-                "a tie (delta = 0) is not a win; p = min(1, 2 * sum_{i <= k} C(n, i) / 2^n)",
+                "a tie (delta = 0) is neither a win nor a loss: the sign test counts the wins out of the pairs that "
+                "are not ties, n - ties of them; p = min(1, 2 * sum_{i <= k} C(n, i) / 2^n)",
                 probes([0.01, -0.03], [-0.01] * 9 + [0.0], [0.02, 0.05, -0.01], [-0.1, 0.2, -0.3, 0.05, -0.07, 0.0, 0.4])),
         Concept("one pair (n = 1)", 2,
                 "with one pair there is no spread: sd and the interval are NaN (no division by n - 1 = 0), the sign "

@@ -2,8 +2,8 @@
 What the scripts share (nanochat keeps the same kind of helpers in its common.py):
 
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, schedule_length, model_problems
-  - training windows: get_windows (indices to tensors), windows_hash (a step's fingerprint); the paired
-    data order itself is train.py's
+  - training windows: get_windows (indices to tensors), windows_hash (a step's fingerprint), windows_digest
+    (the running digest of every step's windows since step 0); the paired data order itself is train.py's
   - device and precision: resolve_device, resolve_dtype, check_device, detect_peak_flops, tune_cpu,
     tune_cpu_allocator
 
@@ -34,11 +34,22 @@ def schedule_length(cfg):
 
 
 # -----------------------------------------------------------------------------
-# Training windows as tensors, and a step's fingerprint (the order itself is train.py's)
+# Training windows as tensors, a step's fingerprint and the run's digest (the order itself is train.py's)
 
 def windows_hash(windows):
-    """A short fingerprint of a step's windows, logged so that anyone can check that two arms were paired."""
+    """A short fingerprint of one step's windows, logged on a training row (the step just trained)."""
     return hashlib.sha1(np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:12]
+
+
+DIGEST_START = '0' * 16   # the data digest of a run that has trained no step
+
+
+def windows_digest(digest, windows):
+    """The run's data digest after one more step: `digest` (of every step before it, DIGEST_START at step
+    0) chained with this step's window indices. train.py updates it at every step (M indices hashed, host
+    side) and logs it on every training and evaluation row; two rows with the same digest at step s mean
+    that every step before s trained on the same windows, not only the logged ones. compare.py checks it."""
+    return hashlib.sha1(digest.encode() + np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
 def get_windows(data, windows, block_size):

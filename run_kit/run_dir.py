@@ -8,12 +8,13 @@ validation loss at max_iters means a finished run (run_files.is_finished). A res
 the checkpoint's step: what was logged after it is trained again, bit-identically.
 """
 
+import functools
 import os
 import secrets
 import subprocess
 import sys
 
-from run_kit.common import FROZEN_ON_RESUME, detect_peak_flops, schedule_length
+from run_kit.common import DIGEST_START, FROZEN_ON_RESUME, detect_peak_flops, schedule_length, windows_digest
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                                killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
                                rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
@@ -173,10 +174,14 @@ def checkpoint_copies(out_dir, proc):
     return not others
 
 
-def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it=True):
+def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it, step_windows):
     """Restore model, optimizer, scaler and RNG states from rank 0's out_dir/ckpt.pt (checksum and keys
     verified): read by every rank from its own copy, or sent by rank 0 where a rank's copy is missing or
-    another (checkpoint_copies). Returns (step, best validation loss, the checkpoint's configuration)."""
+    another (checkpoint_copies). Returns (step, best validation loss, the checkpoint's configuration, the
+    run's data digest). The digest is the checkpoint's: what the run trained on. A checkpoint written before
+    train.py kept one has none; its digest is then rebuilt from step_windows(s), the windows of step s, for
+    every step before the checkpoint's (the order follows from frozen keys, so these are the windows it
+    trained on unless the code of the order changed in between)."""
     master, ckpt_path = proc.master, os.path.join(cfg['out_dir'], CHECKPOINT)
 
     def load():
@@ -198,7 +203,10 @@ def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it=True):
     optimizer.load_state_dict(ckpt['optimizer'])
     scaler.load_state_dict(ckpt['scaler'])
     set_rng_states(ckpt['rng'])
-    return ckpt['step'], ckpt['best_val_loss'], resumed
+    digest = ckpt.get('data_digest')
+    if digest is None:   # (one step's M windows at a time: no list of them all)
+        digest = functools.reduce(windows_digest, map(step_windows, range(ckpt['step'])), DIGEST_START)
+    return ckpt['step'], ckpt['best_val_loss'], resumed, digest
 
 
 def world_sizes(before, step, world):
@@ -291,7 +299,7 @@ def wandb_row(row):
         elif key == 'routing':
             for layer in (value or {}).get('summary', []):
                 out.update({f"routing/layer{layer['layer']}/{k}": v for k, v in layer.items() if k != 'layer'})
-        elif key not in ('step', 'data_hash', 'eval_only') and value is not None:
+        elif key not in ('step', 'data_hash', 'data_digest', 'eval_only') and value is not None:
             out[f"train/{key}" if key != 'tokens' else key] = value
     return out
 
@@ -362,7 +370,8 @@ def nothing_to_train(run, step, resumed):
     return None
 
 
-def step_row(step, cfg, proc, raw_model, loss_sum, norm, lr, dt, first_interval, peak, data_hash, skips):
+def step_row(step, cfg, proc, raw_model, loss_sum, norm, lr, dt, first_interval, peak, data_hash, data_digest,
+             skips):
     """The log row of a log step (the one read-back of the device since the last one: the loss)."""
     import math
     import torch
@@ -374,4 +383,4 @@ def step_row(step, cfg, proc, raw_model, loss_sum, norm, lr, dt, first_interval,
     norm_value = norm.item()
     return dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=train_loss, lr=lr,
                 norm=norm_value if math.isfinite(norm_value) else None, dt=dt, tok_per_s=cfg['total_batch_size'] / dt,
-                mfu=mfu, data_hash=data_hash, **skips.log_fields())
+                mfu=mfu, data_hash=data_hash, data_digest=data_digest, **skips.log_fields())

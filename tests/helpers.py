@@ -138,24 +138,33 @@ def wait_for_step(proc, out_dir, step, timeout=300):
 
 
 def assert_same_run(a, b):
-    """Bit-identical runs: the losses and data fingerprints of every logged step, the final weights."""
+    """Bit-identical runs: the losses, data fingerprints and data digests of every logged step, the final weights."""
     (ta, va), (tb, vb) = read_log(a), read_log(b)
     assert sorted(ta) == sorted(tb) and sorted(va) == sorted(vb)
-    assert [(ta[s]['train_loss'], ta[s]['data_hash']) for s in sorted(ta)] == \
-           [(tb[s]['train_loss'], tb[s]['data_hash']) for s in sorted(tb)]
-    assert [va[s]['val_loss'] for s in sorted(va)] == [vb[s]['val_loss'] for s in sorted(vb)]
+    assert [(ta[s]['train_loss'], ta[s]['data_hash'], ta[s]['data_digest']) for s in sorted(ta)] == \
+           [(tb[s]['train_loss'], tb[s]['data_hash'], tb[s]['data_digest']) for s in sorted(tb)]
+    assert [(va[s]['val_loss'], va[s]['data_digest']) for s in sorted(va)] == \
+           [(vb[s]['val_loss'], vb[s]['data_digest']) for s in sorted(vb)]
     ma = torch.load(os.path.join(a, 'ckpt.pt'), weights_only=False)['model']
     mb = torch.load(os.path.join(b, 'ckpt.pt'), weights_only=False)['model']
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
-def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), **overrides):
+def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), windows=None, **overrides):
+    """A run folder written by hand: config.json and a log with an evaluation at each of steps and a training row
+    at each but 0. windows: None, a log as written before train.py kept a data digest (each training row's
+    data_hash a made-up fingerprint); or a function step -> that step's window indices, then every row carries
+    the data digest of the steps before it and each training row the data_hash of its step, as train.py logs."""
+    from run_kit.common import DIGEST_START, windows_digest, windows_hash
     path = os.path.join(root, name)
     os.makedirs(path)
     config = dict(train.DEFAULTS, residual=residual, seed=seed, max_iters=steps[-1], out_dir=path,
                   world_size=1, git_commit='abc')
     config.update(overrides)
-    rows = []
+    rows, digests = [], [DIGEST_START]   # digests[s]: of the windows of steps 0 .. s-1
+    for s in range(steps[-1] if windows else 0):
+        digests.append(windows_digest(digests[-1], windows(s)))
+    data = lambda s: dict(data_digest=digests[s]) if windows else {}
     for i, s in enumerate(steps):
         nll = final_nll + 0.5 * (len(steps) - 1 - i)        # decreasing curve that ends at final_nll
         routing = None
@@ -164,9 +173,10 @@ def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), **overri
                     [dict(sublayer=2, layer=1, route='qk', alpha=[0.2, 0.8]),
                      dict(sublayer=2, layer=1, route='v', alpha=[0.7, 0.3])]
             routing = dict(alpha=alpha, summary=[dict(layer=0, js_qk_v=0.0), dict(layer=1, js_qk_v=0.01 * i)])
-        rows.append(dict(step=s, tokens=s * 1000, val_loss=nll, routing=routing))
+        rows.append(dict(step=s, tokens=s * 1000, val_loss=nll, routing=routing, **data(s)))
         if s > 0:
-            rows.append(dict(step=s, train_loss=nll, data_hash=f"{seed}-{s}"))
+            rows.append(dict(step=s, train_loss=nll, data_hash=windows_hash(windows(s - 1)) if windows else f"{seed}-{s}",
+                             **data(s)))
     with open(os.path.join(path, 'config.json'), 'w') as f:
         json.dump(config, f)
     with open(os.path.join(path, 'log.jsonl'), 'w') as f:

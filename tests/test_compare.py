@@ -57,17 +57,33 @@ def test_statistics_against_known_values():
 
 @pytest.mark.assignment5
 def test_statistics_of_three_pairs_by_hand():
-    # deltas [0.0, -0.01, 0.04]: a tie is not a win, so wins = 1 of 3
+    # deltas [0.0, -0.01, 0.04]: a tie is not a win, so wins = 1, ties = 1
     #   mean = 0.01   sd = sqrt(((-0.01)^2 + (-0.02)^2 + 0.03^2) / 2) = sqrt(0.0007) = 0.026458
     #   half-width = t(0.975, 2) * sd / sqrt(3) = 4.302653 * 0.026458 / 1.732051 = 0.065725
-    #   sign test: k = min(1, 2) = 1, p = min(1, 2 * (C(3, 0) + C(3, 1)) / 8) = 1
+    #   sign test over the 2 pairs that are not ties: k = min(1, 1) = 1, p = min(1, 2 * (C(2, 0) + C(2, 1)) / 4) = 1
     r = compare.paired_stats([0.0, -0.01, 0.04])
     assert r['wins'] == 1, f"concept 'the statistics on other values': wins = {r['wins']}: a win is delta < 0, and a tie (delta = 0) is not one"
+    assert r['ties'] == 1, f"concept 'the statistics on other values': ties = {r['ties']}: a tie is delta = 0"
     assert r['mean_delta'] == pytest.approx(0.01) and r['sd'] == pytest.approx(0.026458, abs=1e-6), \
         f"concept 'the statistics on other values': mean {r['mean_delta']}, sd {r['sd']}: the sample sd divides by n - 1"
     assert r['ci95'] == pytest.approx([0.01 - 0.065725, 0.01 + 0.065725], abs=1e-6), \
         "concept 'the statistics on other values': the interval is mean -/+ t(0.975, n - 1) * sd / sqrt(n)"
-    assert r['sign_test_p'] == 1.0, f"concept 'the statistics on other values': p = {r['sign_test_p']} for 1 win of 3"
+    assert r['sign_test_p'] == 1.0, f"concept 'the statistics on other values': p = {r['sign_test_p']} for 1 win of 2"
+
+
+@pytest.mark.assignment5
+def test_a_tie_is_neither_a_win_nor_a_loss():
+    # five wins and a tie: the sign test counts the 5 wins among the 5 pairs that are not ties,
+    # p = 2 / 2^5 = 0.0625; a tie counted as a loss would make it 5 wins of 6, p = 2 * (1 + 6) / 2^6 = 0.219
+    r = compare.paired_stats([-0.01, -0.02, 0.0, -0.03, -0.01, -0.02])
+    assert (r['n'], r['wins'], r['ties']) == (6, 5, 1), \
+        f"concept 'the statistics on other values': n, wins, ties = {r['n']}, {r['wins']}, {r['ties']}: six pairs, five wins, one tie"
+    assert r['sign_test_p'] == pytest.approx(2 / 32), \
+        (f"concept 'the statistics on other values': p = {r['sign_test_p']:.4g} for 5 wins and a tie: the sign test leaves "
+         "ties out (neither a win nor a loss), so it is 5 wins of the 5 pairs that are not ties, p = 2 / 2^5")
+    r = compare.paired_stats([0.0, 0.0])
+    assert (r['wins'], r['ties'], r['sign_test_p']) == (0, 2, 1.0), \
+        "concept 'the statistics on other values': two ties leave no pair to the sign test: p = 1"
 
 
 @pytest.mark.assignment5
@@ -84,6 +100,16 @@ def test_one_pair_has_no_spread_and_no_interval():
     assert math.isnan(r['sd']) and all(math.isnan(x) for x in r['ci95']), \
         "concept 'one pair (n = 1)': with n = 1 there is no spread: sd and both ends of the interval are float('nan')"
     assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.03)))
+
+
+def test_a_tie_is_shown_apart_from_the_wins(study, capsys):
+    # a sixth seed whose arms end at the same NLL: 5 wins of the 5 pairs that are not ties, and the tie
+    make_run(study, 'attnres_s6', 'attnres', 6, 3.3)
+    make_run(study, 'rd_s6', 'rd_attnres', 6, 3.3)
+    assert compare.main([os.path.join(study, '*')]) == 0
+    rd = capsys.readouterr().out.split('### rd_attnres vs attnres')[1]
+    assert '| 6 | 3.3000 | 3.3000 | +0.0000 |' in rd and '| 5/5 (1 tie) | 0.0625 |' in rd, rd
+    assert compare.sign_count(3, 7, 2) == '3/5 (2 ties)' and compare.sign_count(4, 4, 0) == '4/4'
 
 
 def test_mismatched_pair_is_refused_with_the_differing_keys(tmp_path, capsys):
@@ -123,6 +149,8 @@ def test_a_torn_last_log_line_is_dropped_and_a_bad_line_named(study):
 
 
 def test_pair_that_saw_other_batches_is_refused(tmp_path):
+    # logs written before train.py kept a data digest (as the committed study's): the fingerprints of the
+    # logged steps are checked
     root = str(tmp_path)
     make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
     path = make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
@@ -130,7 +158,43 @@ def test_pair_that_saw_other_batches_is_refused(tmp_path):
     text = open(log).read().replace('"1-50"', '"9-50"')
     open(log, 'w').write(text)
     results, _, refused = compare.compare([compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')])
-    assert results == [] and 'different batches' in refused[0][1]
+    assert results == [] and 'different batches' in refused[0][1] and 'differ at steps [50]' in refused[0][1]
+
+
+def test_old_logs_without_a_digest_still_pair(tmp_path):
+    root = str(tmp_path)
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2)
+    runs = [compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')]
+    assert all(run['digests'] == {} and run['hashes'] for run in runs)
+    results, _, refused = compare.compare(runs)
+    assert refused == [] and [p['seed'] for p in results[0]['pairs']] == [1]
+
+
+def test_windows_that_differ_at_a_step_no_row_logs_are_refused(tmp_path):
+    # log_interval 10: rows at steps 0 (evaluation), 10 and 20; the arms' windows differ at step 3 only, so
+    # every logged step's fingerprint agrees, and only the digest (of every step's windows so far) tells
+    root = str(tmp_path)
+    windows = lambda s: [7 * s, 7 * s + 1]
+    make_run(root, 'attnres_s1', 'attnres', 1, 3.3, steps=(0, 10, 20), windows=windows)
+    make_run(root, 'rd_s1', 'rd_attnres', 1, 3.2, steps=(0, 10, 20), windows=lambda s: [5, 6] if s == 3 else windows(s))
+    runs = [compare.load_run(os.path.join(root, n)) for n in ('attnres_s1', 'rd_s1')]
+    assert runs[0]['hashes'] == runs[1]['hashes'] and runs[0]['digests'][0] == runs[1]['digests'][0]
+    results, _, refused = compare.compare(runs)
+    assert results == [] and refused[0][0] == os.path.join(root, 'rd_s1'), refused
+    said = refused[0][1]
+    assert 'different batches' in said and 'agree at step 0 and differ at step 10' in said and 'steps 0 to 9' in said, said
+    assert 'train both arms with the same code, seed and data (git_commit abc vs abc;' in said, said
+    # the fingerprints alone (a log without digests) could not tell
+    for run in runs:
+        run['digests'] = {}
+    assert compare.compare(runs)[2] == []
+    # the steps named: from the last step where the digests agree (or step 0) to the one before the first that differs
+    run = lambda digests: dict(config={}, hashes={}, digests=digests)
+    said = compare.data_problem(run({10: 'a', 11: 'b'}), run({10: 'a', 11: 'c'}))
+    assert 'agree at step 10 and differ at step 11, so step 10 trained on other windows' in said, said
+    said = compare.data_problem(run({10: 'a', 20: 'b'}), run({10: 'c', 20: 'b'}))
+    assert 'differ at step 10, the first both logged, so one of the steps 0 to 9 trained on other windows' in said, said
 
 
 def test_earlier_step_and_runs_in_progress(study, tmp_path):

@@ -46,9 +46,9 @@ TRIVIAL = {
         'uniform': [['        h = self.final_read([source(embedding)], log)[0]']]},
     4: {'range': [['    out = list(range(windows_per_step))']], 'constant': [['    out = [0] * windows_per_step']],
         'one permutation': [['    out = window_order(n_windows, seed, 0)[:windows_per_step].tolist()']]},
-    5: {'zeros': [['    p = 0.0'], ['    mean, sd, half, wins = 0.0, 0.0, 0.0, 0']],
-        'constant': [['    p = 1.0'], ['    mean, sd, half, wins = 1.0, 1.0, 1.0, 1']],
-        'first value': [['    p = 0.5'], ["    mean, sd, half, wins = deltas[0], float('nan'), float('nan'), 0"]]},
+    5: {'zeros': [['    p = 0.0'], ['    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 0.0']],
+        'constant': [['    p = 1.0'], ['    mean, sd, half, wins, ties, p = 1.0, 1.0, 1.0, 1, 1, 1.0']],
+        'first value': [['    p = 0.5'], ["    mean, sd, half, wins, ties, p = deltas[0], float('nan'), float('nan'), 0, 0, 0.5"]]},
 }
 EQUATIONS, SPECIFIED = "the read's equations", "the read as specified"
 QUERIES, INPUTS = "one pseudo-query per route", "the attention inputs"
@@ -93,6 +93,7 @@ PLANTED = [
     (5, 'crashes with one pair', [('compare.py', "/ (n - 1)) if n > 1 else float('nan')", '/ (n - 1))'),
                                   ('compare.py', "math.sqrt(n) if n > 1 else float('nan')", 'math.sqrt(n)')], {ONE_PAIR}),
     (5, 'one-sided sign test', [('compare.py', 'p = min(1.0, 2 * sum(', 'p = min(1.0, sum(')], {TABLE, OTHER, ONE_PAIR}),
+    (5, 'a tie counted as a loss', [('compare.py', 'p = sign_test_p(wins, n - ties)', 'p = sign_test_p(wins, n)')], {OTHER}),
 ]
 
 
@@ -363,7 +364,7 @@ ATTACKS = {
     _pytest.reports.TestReport.passed = property(lambda self: True)
     course_worker.run_probe = lambda *a: ({}, {'stats': {}})
     sys.modules['course_worker'].PROBES.clear()
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     # files written outside its folder: the instructor's project, the output folder, every /tmp it can see
     'writer': """    import os
@@ -372,7 +373,7 @@ ATTACKS = {
             open(os.path.join(d, 'pwned.txt'), 'w').write('6/6')
         except OSError:
             pass
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     # another student's files, found through the grader's processes
     'prowler': """    import os, glob
@@ -387,7 +388,7 @@ ATTACKS = {
             open(f, 'w').write('PWNED = 1\\n')
         except OSError:
             pass
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     # a process that outlives grading and rewrites its row later
     'lingerer': """    import subprocess, sys
@@ -396,7 +397,7 @@ ATTACKS = {
         subprocess.Popen([sys.executable, '-c', code, 'rdattnres-lingerer'], start_new_session=True)
     except OSError:
         pass
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     # the hidden checks read or imported, their files searched for (by name: a package's file whose name
     # merely contains 'grader', such as torch's upgrader_models under a venv in /tmp, is not one of them)
@@ -420,10 +421,10 @@ ATTACKS = {
                 os._exit(0)
         except OSError:
             break
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     'hog': """    blocks = [bytearray(2 ** 30) for _ in range(64)]
-    mean, sd, half, wins = 0.0, 0.0, 0.0, 0
+    mean, sd, half, wins, ties, p = 0.0, 0.0, 0.0, 0, 0, 1.0
 """,
     'loop': """    while True:
         pass

@@ -184,8 +184,8 @@ def test_paired_statistics_on_other_values():
     assert r['mean_delta'] == pytest.approx(-0.01) and r['sd'] == pytest.approx(sd)
     assert r['ci95'] == pytest.approx([-0.01 - 12.7062 * sd / math.sqrt(2), -0.01 + 12.7062 * sd / math.sqrt(2)], abs=1e-4)
     assert (r['wins'], r['n']) == (1, 2) and r['sign_test_p'] == 1.0
-    r = compare.paired_stats([-0.01] * 9 + [0.0])            # a tie is not a win
-    assert r['wins'] == 9 and r['sign_test_p'] == pytest.approx(2 * 11 / 1024)
+    r = compare.paired_stats([-0.01] * 9 + [0.0])            # a tie is neither a win nor a loss: 9 wins of 9
+    assert (r['wins'], r['ties']) == (9, 1) and r['sign_test_p'] == pytest.approx(2 / 512)
     assert r['ppl_reduction_pct'] == pytest.approx(100 * (1 - math.exp(-0.009)))
     r = compare.paired_stats([0.02])                          # n = 1: no spread, no interval, p = 1
     assert r['mean_delta'] == 0.02 and (r['wins'], r['n'], r['sign_test_p']) == (0, 1, 1.0)

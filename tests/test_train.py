@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from configurator import configure
+import compare
+from run_kit.common import DIGEST_START
 from run_kit.run_files import divergence, load_checkpoint, save_checkpoint
 import train
 from helpers import HERE, python, read_log, run, run_here, sample_here
@@ -145,11 +147,43 @@ def test_two_arms_of_one_seed_are_paired(data_dir, tmp_path):
     logs = {m: read_log(p) for m, p in out.items()}
     hashes = {m: [r['data_hash'] for _, r in sorted(logs[m][0].items())] for m in out}
     assert hashes['attnres'] == hashes['rd_attnres'] == hashes['standard'] and len(hashes['attnres']) == 2
+    # the data digest, on every training and evaluation row: the same in every arm, and the training and
+    # evaluation rows of a step agree; it changes from step to step
+    digests = {m: [(s, r['data_digest']) for rows in logs[m] for s, r in sorted(rows.items())] for m in out}
+    assert digests['attnres'] == digests['rd_attnres'] == digests['standard']
+    assert {s: d for s, d in digests['attnres']} == {0: DIGEST_START, 1: logs['attnres'][0][1]['data_digest'],
+                                                       2: logs['attnres'][1][2]['data_digest']}
+    assert len({d for _, d in digests['attnres']}) == 3
     # the fixed validation set: attnres and rd_attnres are the same function at init, so the same loss
     assert logs['attnres'][1][0]['val_loss'] == pytest.approx(logs['rd_attnres'][1][0]['val_loss'], abs=1e-6)
     other = str(tmp_path / 'other_seed')
     run_here(['--residual=attnres', '--max_iters=2', '--learning_rate=0.0', '--seed=8'], data_dir, other)
     assert [r['data_hash'] for _, r in sorted(read_log(other)[0].items())] != hashes['attnres']
+    assert read_log(other)[0][2]['data_digest'] != logs['attnres'][0][2]['data_digest']
+
+
+def test_arms_whose_windows_differ_at_a_step_no_row_logs_are_not_paired(data_dir, tmp_path, monkeypatch):
+    # log_interval = eval_interval = 10: rows at steps 0 and 10 only. The rd_attnres arm trains step 3 on other
+    # windows (another code's order): step 10's fingerprint (of step 9) agrees, and only the digest tells
+    args = ['--max_iters=10', '--log_interval=10', '--eval_interval=10', '--seed=3']
+    out = {name: str(tmp_path / name) for name in ('attnres', 'rd_attnres', 'rd_attnres_again')}
+    run_here(['--residual=attnres', *args], data_dir, out['attnres'])
+    order = train.step_windows
+    with monkeypatch.context() as m:
+        m.setattr(train, 'step_windows', lambda step, n, per_step, seed: order(step, n, per_step, seed + (step == 3)))
+        run_here(['--residual=rd_attnres', *args], data_dir, out['rd_attnres'])
+    (ta, va), (tr, vr) = read_log(out['attnres']), read_log(out['rd_attnres'])
+    assert sorted(ta) == [10] and sorted(va) == [0, 10] and ta[10]['data_hash'] == tr[10]['data_hash']
+    runs = [compare.load_run(out[name]) for name in ('attnres', 'rd_attnres')]
+    results, _, refused = compare.compare(runs)
+    assert results == [] and len(refused) == 1, refused
+    said = refused[0][1]
+    assert 'agree at step 0 and differ at step 10, so one of the steps 0 to 9 trained on other windows' in said, said
+    assert 'train both arms with the same code' in said, said
+    # what it says, done: the arm trained again with the other's code, the same seed and data, pairs
+    run_here(['--residual=rd_attnres', *args], data_dir, out['rd_attnres_again'])
+    results, _, refused = compare.compare([runs[0], compare.load_run(out['rd_attnres_again'])])
+    assert refused == [] and [p['seed'] for p in results[0]['pairs']] == [3]
 
 
 @pytest.mark.assignment4
@@ -180,11 +214,30 @@ def test_resume_equals_an_uninterrupted_run(data_dir, tmp_path):
     assert sorted(tf) == sorted(th) == [1, 2, 3, 4, 5, 6] and sorted(vf) == sorted(vh) == [0, 3, 6]
     assert [tf[s]['train_loss'] for s in tf] == [th[s]['train_loss'] for s in tf]
     assert [vf[s]['val_loss'] for s in vf] == [vh[s]['val_loss'] for s in vf]
+    # the data digest goes on from the checkpoint's: every row's is the uninterrupted run's
+    assert [tf[s]['data_digest'] for s in tf] == [th[s]['data_digest'] for s in tf]
+    assert [vf[s]['data_digest'] for s in vf] == [vh[s]['data_digest'] for s in vf]
     a = torch.load(os.path.join(full, 'ckpt.pt'), weights_only=False)
     b = torch.load(os.path.join(half, 'ckpt.pt'), weights_only=False)
-    assert a['step'] == b['step'] == 6
+    assert a['step'] == b['step'] == 6 and a['data_digest'] == b['data_digest'] == tf[6]['data_digest']
     assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
     assert not glob.glob(os.path.join(half, '*.tmp'))
+
+
+def test_a_checkpoint_without_a_data_digest_resumes_with_the_digest_of_its_steps(data_dir, tmp_path):
+    # a checkpoint written before train.py kept the digest: the resumed run rebuilds it from the order
+    full, old = str(tmp_path / 'full'), str(tmp_path / 'old')
+    args = ['--lr_decay_iters=6', '--eval_interval=3']
+    run_here(args + ['--max_iters=6'], data_dir, full)
+    run_here(args + ['--max_iters=3'], data_dir, old)
+    path = os.path.join(old, 'ckpt.pt')
+    ckpt = load_checkpoint(path)
+    assert ckpt.pop('data_digest') == read_log(full)[0][3]['data_digest']
+    save_checkpoint(ckpt, path)
+    run_here(args + ['--max_iters=6', '--init_from=resume'], data_dir, old)
+    digests = [[(s, r['data_digest']) for rows in read_log(run) for s, r in sorted(rows.items())] for run in (old, full)]
+    assert digests[0] == digests[1] and len(digests[0]) == 6 + 3
+    assert load_checkpoint(path)['data_digest'] == read_log(full)[0][6]['data_digest']
 
 
 def test_resume_refuses_another_mode_or_shape(data_dir, tmp_path):
