@@ -37,11 +37,11 @@ PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnre
           'ctrl_heads': 'attnres', 'ctrl_mix': 'attnres', 'attnres': 'standard'}
 WHY_PARENT = {
     'attnres': "Block AttnRes replaces the running sum with one learned read over earlier blocks",
-    'rd_attnres': "RD-AttnRes gives attention a second read, for V; tying it to the QK read gives attnres back",
+    'rd_attnres': "RD-AttnRes gives attention's v its own route; tying the v route to the qk route gives attnres back",
     'ctrl_params': "the paper's control for rd_attnres's parameter count: attnres plus a gain per attention sublayer",
     'ctrl_dup': "the paper's control for rd_attnres's compute: attnres's read run twice with one pseudo-query",
-    'ctrl_fixed_v': "the paper's control for a learned v route: rd_attnres with the V read fixed at the uniform average",
-    'ctrl_heads': "this project's control: two learned reads that split attention by heads, not by role",
+    'ctrl_fixed_v': "the paper's control for a learned v route: rd_attnres with the v route fixed at the uniform average",
+    'ctrl_heads': "this project's control: two learned routes that split attention by heads, not by role",
     'ctrl_mix': "a removed control, kept so that its committed logs compare (docs/controls.md)"}
 ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads', 'ctrl_mix']
 # what must be equal within a pair, besides the seed; residual is what differs
@@ -82,11 +82,11 @@ def t_cdf(t, df):
     return 1 - 0.5 * tail if t >= 0 else 0.5 * tail
 
 
-def t_quantile(p, df):
+def t_quantile(prob, df):
     lo, hi = -1e3, 1e3
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < prob else (lo, mid)
     return 0.5 * (lo + hi)
 
 
@@ -101,17 +101,17 @@ def sign_test_p(wins, n):
 
 
 def paired_stats(deltas):
-    """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent), one per seed: mean Δ, its
-    sample sd, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0),
+    """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent) (with --pair, the second mode
+    named), one per seed: mean Δ, the sample sd of the Δs, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0),
     ties (Δ = 0) and the exact two-sided sign test, which leaves the ties out: wins out of the n - ties
     pairs that are not ties. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
     n = len(deltas)
     ### BEGIN SOLUTION 5
     mean = sum(deltas) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1)) if n > 1 else float('nan')
+    sd = math.sqrt(sum((delta - mean) ** 2 for delta in deltas) / (n - 1)) if n > 1 else float('nan')
     half = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n > 1 else float('nan')
-    wins = sum(d < 0 for d in deltas)
-    ties = sum(d == 0 for d in deltas)   # neither a win nor a loss: the sign test has nothing to count
+    wins = sum(delta < 0 for delta in deltas)
+    ties = sum(delta == 0 for delta in deltas)   # neither a win nor a loss: the sign test has nothing to count
     p = sign_test_p(wins, n - ties)
     ### END SOLUTION
     return dict(n=n, mean_delta=mean, sd=sd, ci95=[mean - half, mean + half], ppl_reduction_pct=100 * (1 - math.exp(mean)),
@@ -223,20 +223,20 @@ def compare(runs, step=None, extra_pairs=()):
                 continue
             rows, skipped = [], []
             for seed in sorted(set(by_mode[arm]) & set(by_mode[parent])):
-                a, p = by_mode[arm][seed], by_mode[parent][seed]
-                problem = pair_problem(a, p)
+                arm_run, parent_run = by_mode[arm][seed], by_mode[parent][seed]
+                problem = pair_problem(arm_run, parent_run)
                 if problem:
-                    if (a['path'], p['path']) not in seen:   # (said once, also when a run is in two comparisons)
-                        refused.append((a['path'], f"not paired with {p['path']}: {problem}"))
-                        seen.add((a['path'], p['path']))
+                    if (arm_run['path'], parent_run['path']) not in seen:   # (said once, also when a run is in two comparisons)
+                        refused.append((arm_run['path'], f"not paired with {parent_run['path']}: {problem}"))
+                        seen.add((arm_run['path'], parent_run['path']))
                     continue
-                at = step if step is not None else a['config']['max_iters']
-                if at not in a['evals'] or at not in p['evals']:
+                at = step if step is not None else arm_run['config']['max_iters']
+                if at not in arm_run['evals'] or at not in parent_run['evals']:
                     skipped.append(seed)
                     continue
-                nll_a, nll_p = a['evals'][at]['val_loss'], p['evals'][at]['val_loss']
-                rows.append(dict(seed=seed, parent_nll=nll_p, arm_nll=nll_a, delta=nll_a - nll_p,
-                                 arm_run=a['path'], parent_run=p['path']))
+                nll_arm, nll_parent = arm_run['evals'][at]['val_loss'], parent_run['evals'][at]['val_loss']
+                rows.append(dict(seed=seed, parent_nll=nll_parent, arm_nll=nll_arm, delta=nll_arm - nll_parent,
+                                 arm_run=arm_run['path'], parent_run=parent_run['path']))
             if rows:
                 first = by_mode[arm][rows[0]['seed']]['config']
                 results.append(dict(group=group_label(first), arm=arm, parent=parent,
@@ -283,13 +283,13 @@ def no_pair_reason(runs, groups, step=None):
                 ', '.join(f"{k} {sorted({r['config'][k] for r in runs})}" for k in differ) +
                 f"), and a pair needs the same {', '.join(GROUP_KEYS)}. The groups: {listing}")
     by_mode = next(iter(groups.values()))
-    pairs = [(a, p) for a, p in PARENT.items() if a in by_mode and p in by_mode]
+    pairs = [(arm, parent) for arm, parent in PARENT.items() if arm in by_mode and parent in by_mode]
     if not pairs:
         return (f"their residual modes ({', '.join(sorted(by_mode))}) hold no arm and its parent "
-                f"({', '.join(f'{a} vs {p}' for a, p in PARENT.items())})")
-    a, p = pairs[0]
-    if not set(by_mode[a]) & set(by_mode[p]):
-        return (f"the seed differs: {a} has seeds {sorted(by_mode[a])}, {p} has {sorted(by_mode[p])}, and a pair "
+                f"({', '.join(f'{arm} vs {parent}' for arm, parent in PARENT.items())})")
+    arm, parent = pairs[0]
+    if not set(by_mode[arm]) & set(by_mode[parent]):
+        return (f"the seed differs: {arm} has seeds {sorted(by_mode[arm])}, {parent} has {sorted(by_mode[parent])}, and a pair "
                 "is an arm and its parent with the same seed")
     return ("no pair is evaluated at the step compared in both runs" +
             (f" ({step})" if step is not None else " (max_iters: use --step for runs in progress)") +
@@ -334,8 +334,8 @@ def markdown(results):
             out.append(not_the_papers(r['arm'], r['parent']) + "\n")
         out.append(f"| seed | {r['parent']} | {r['arm']} | Δ |")
         out.append("|---:|---:|---:|---:|")
-        for p in r['pairs']:
-            out.append(f"| {p['seed']} | {p['parent_nll']:.4f} | {p['arm_nll']:.4f} | {p['delta']:+.4f} |")
+        for row in r['pairs']:
+            out.append(f"| {row['seed']} | {row['parent_nll']:.4f} | {row['arm_nll']:.4f} | {row['delta']:+.4f} |")
         lo, hi = r['ci95']
         spread = (f"{r['sd']:.4f} | [{lo:+.4f}, {hi:+.4f}]" if r['n'] > 1 else "– | –")
         out.append("")
