@@ -60,7 +60,7 @@ def test_train_help_groups_the_keys_as_the_file_does_with_their_comments():
     section = text.split('\ndata\n')[1].split('\nmodel\n')[0]      # the keys under "data" are the file's
     assert re.findall(r"^  (\w+)=", section, re.M) == ['dataset', 'data_dir', 'seed', 'total_batch_size', 'batch_size',
                                                         'block_size']
-    assert re.search(r"^  seed=1 +initialisation and data order: the pairing key$", text, re.M)
+    assert re.search(r"^  seed=1 +initialisation and data order: what pairs two arms$", text, re.M)
     assert re.search(r"^  total_batch_size=524288 +tokens per optimizer step", text, re.M)   # 2 ** 19, evaluated
     # a comment that continues on the next line of the file continues in the help (bench.py's backend)
     bench_text = python('bench.py', '--help').stdout
