@@ -161,20 +161,24 @@ def tune_cpu_allocator():
 # -----------------------------------------------------------------------------
 # The model a run's configuration describes, and its keys checked
 
+def gpt_config(cfg):
+    """The GPTConfig of a run's configuration: its MODEL_KEYS; the vocabulary is GPTConfig's."""
+    from model import GPTConfig
+    return GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
+
+
 def build_model(cfg):
-    """The model of a run's configuration (its MODEL_KEYS, and depth_read): GPT, or TwoPhaseGPT where
+    """The model of a run's configuration (gpt_config, and depth_read): GPT, or TwoPhaseGPT where
     depth_read='two_phase' (the same function and parameters, the reads computed per AttnRes block). On the
-    current device (torch.device('meta') for a model without memory); the vocabulary is GPTConfig's."""
+    current device (torch.device('meta') for a model without memory)."""
     from fast_read.two_phase_read import TwoPhaseGPT
-    from model import GPT, GPTConfig
-    config = GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
-    return (TwoPhaseGPT if cfg.get('depth_read') == 'two_phase' else GPT)(config)
+    from model import GPT
+    return (TwoPhaseGPT if cfg.get('depth_read') == 'two_phase' else GPT)(gpt_config(cfg))
 
 
 def model_problems(cfg):
     """What is wrong with the model keys of a configuration ([] if nothing): train.py's own (run_control.validate)
     and a saved model's, a checkpoint's or a weights file's header, checked alike."""
-    from model import GPTConfig
     bad = [f"{k} is missing" for k in MODEL_KEYS if k not in cfg]
     bad += [f"{k}={cfg[k]!r} is not {'a string' if k == 'residual' else 'an integer'}" for k in MODEL_KEYS
             if k in cfg and not (isinstance(cfg[k], str) if k == 'residual'
@@ -184,7 +188,7 @@ def model_problems(cfg):
     bad = [f"{k}={cfg[k]!r} must be > 0" for k in MODEL_KEYS if k != 'residual' and cfg[k] <= 0]
     if not bad:
         try:
-            GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})
+            gpt_config(cfg)
         except ValueError as e:
             bad.append(str(e))
     return bad

@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 
-from run_kit.common import MODEL_KEYS, model_problems, schedule_length
+from run_kit.common import gpt_config, model_problems, schedule_length
 
 CONFIG, LOG, CHECKPOINT, LOCK = 'config.json', 'log.jsonl', 'ckpt.pt', 'run.lock'
 TORN = LOG + '.torn'
@@ -610,14 +610,13 @@ def checkpoint_progress(path):
 def model_config(saved, source):
     """The GPTConfig that a saved configuration describes, checked as train.py checks its keys
     (common.model_problems): a file from anyone may say anything."""
-    from model import GPTConfig
     if not isinstance(saved, dict):
         raise SystemExit(f"{source} holds no model configuration (a {type(saved).__name__})")
     bad = model_problems(saved)
     if bad:
         raise SystemExit(f"{source}: its model configuration is not valid ({'; '.join(bad)}); the file is damaged "
                          "or was not written by this project")
-    return GPTConfig(**{k: saved[k] for k in MODEL_KEYS})
+    return gpt_config(saved)
 
 
 # What older versions named each route's pseudo-query (model.ATTENTION_ROUTES today: w_<route>), and the read's
