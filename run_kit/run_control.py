@@ -290,6 +290,10 @@ def start_processes(cfg):
         torch.cuda.set_device(device)
     device_type = 'cuda' if device.startswith('cuda') else device
     if ddp:
+        # DDP imports torch._dynamo. Imported after the process group exists, it keeps the group, and gloo's three
+        # threads, alive past destroy_process_group (torch 2.13): they are still there while the interpreter shuts
+        # down, and a finished run can then abort (SIGABRT). Imported first, the group goes when the run leaves it.
+        import torch._dynamo  # noqa: F401
         import datetime   # (a rank that waits longer than ddp_timeout for the others ends the run with an error)
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
                                              timeout=datetime.timedelta(seconds=cfg['ddp_timeout']))
@@ -299,8 +303,9 @@ def start_processes(cfg):
 def leave_process_group(proc):
     """Leave torchrun's process group, also after an error: a rank that leaves without it makes the others hang
     until NCCL times out. What is left of DDP (its reducer and the collective work it holds) is freed first,
-    while the group and the interpreter are still whole: freed later, at the interpreter's exit, gloo's work
-    can abort the process (SIGABRT, "terminate called without an active exception") after a run that went well."""
+    so that the group itself goes here, its threads joined, and not while the interpreter shuts down, where
+    gloo can abort the process (SIGABRT, "terminate called without an active exception") after a run that
+    went well (start_processes imports torch._dynamo first for the same reason)."""
     if proc.ddp and torch.distributed.is_initialized():
         gc.collect()
         torch.distributed.destroy_process_group()

@@ -5,6 +5,7 @@ built-in corpus); signals are sent to it mid-run, as a scheduler would."""
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import torch
@@ -45,6 +46,29 @@ def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
         p = run(shape, data_dir, str(tmp_path / f'run{attempt}'), expect_ok=False, launcher=TORCHRUN)
         assert p.returncode == 0, f"attempt {attempt}: exit {p.returncode}\n{p.stderr[-3000:]}"
 
+
+
+def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutdown(data_dir, tmp_path):
+    # A gloo thread still alive while the interpreter shuts down can abort a run that went well (SIGABRT after
+    # the last evaluation, rarely, under load). DDP imports torch._dynamo, which, imported after the process
+    # group exists, kept the group and its threads alive past destroy_process_group: when main() returns,
+    # every rank is down to its main thread.
+    wrapper = tmp_path / 'then_list_threads.py'
+    wrapper.write_text(
+        'import os, sys\n'
+        f'sys.path.insert(0, {run_control.__file__.rsplit(os.sep, 2)[0]!r})\n'
+        'import train\n'
+        'code = train.main(sys.argv[1:])\n'
+        "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
+        "print(f\"rank {os.environ['RANK']} threads: {sorted(names)}\", flush=True)\n"
+        'sys.exit(code)\n')
+    args = [*TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}', '--max_iters=2']
+    p = subprocess.run([*TORCHRUN, str(wrapper), *args], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    said = sorted(line for line in p.stdout.splitlines() if ' threads: ' in line)
+    assert len(said) == 2, p.stdout[-2000:]
+    assert not any('gloo' in line for line in said), said
 
 # ---------------------------------------------------------------------------------------------
 # 2. init_from='auto'
