@@ -59,8 +59,9 @@ def atomic_write(path, data):
     Ctrl-C alike, the temporary file is removed and the error raised again: path is then the old file, as it
     was. The temporary file is path.tmp, claimed exclusively; where another writer holds that name (two
     writers of one path at once), path.<pid>.<random>.tmp: two writers never write into one file."""
-    tmp = claim_temporary(path)
+    claimed = []   # the temporary file's name, known before the file exists: a Ctrl-C can come at any point
     try:
+        tmp = claim_temporary(path, claimed)
         if callable(data):
             data(tmp)
         else:
@@ -68,23 +69,29 @@ def atomic_write(path, data):
                 f.write(data.encode('utf-8') if isinstance(data, str) else data)
         sync_and_rename(tmp, path)
     except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        for tmp in claimed:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         raise
 
 
-def claim_temporary(path):
+def claim_temporary(path, claimed=None):
     """A new, empty file next to path that no other writer has: path.tmp if it is free (the name a reader
     of the folder knows as a write in progress), else path.<pid>.<random>.tmp. Created with O_EXCL, so two
-    writers never share one."""
+    writers never share one. claimed (a list) is given each name before the file is created and loses it
+    again if another writer has it: an interrupt that comes as the file is created, before its name is
+    returned, still leaves the name with the caller, who removes the file."""
     import secrets
+    claimed = [] if claimed is None else claimed
     for tmp in [path + '.tmp'] + [f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp" for _ in range(100)]:
+        claimed.append(tmp)
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             return tmp
         except FileExistsError:
+            claimed.pop()
             continue
     raise FileExistsError(errno.EEXIST, f"no free temporary name next to {path}")
 

@@ -265,6 +265,30 @@ def test_ctrl_c_twice_during_a_checkpoint_write_is_one_message(data_dir, tmp_pat
     assert sorted(read_log(str(out))[1]) == [0, 2, 4, 6]
 
 
+
+@pytest.mark.parametrize('call', ['open', 'close'])
+def test_a_ctrl_c_as_the_temporary_file_is_created_leaves_no_partial_file(tmp_path, monkeypatch, call):
+    # the interrupt comes the moment the temporary file exists, before its name is returned to the writer
+    # (Python raises it between two bytecodes: right after os.open, or after os.close): the file is removed,
+    # the old one kept
+    path = tmp_path / 'ckpt.pt'
+    path.write_text('the last checkpoint')
+    real = getattr(os, call)
+
+    def then_ctrl_c(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if (tmp_path / 'ckpt.pt.tmp').exists():
+            raise KeyboardInterrupt
+        return result
+    monkeypatch.setattr(os, call, then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run_files.atomic_write(str(path), 'a new checkpoint')
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['ckpt.pt'] and path.read_text() == 'the last checkpoint'
+    run_files.atomic_write(str(path), 'a new checkpoint')   # and the next write claims the usual name again
+    assert os.listdir(tmp_path) == ['ckpt.pt'] and path.read_text() == 'a new checkpoint'
+
+
 def test_a_full_disk_before_preparing_is_said_and_leaves_nothing(tmp_path):
     # no room even for the lock file's line (0 bytes free): not "a --data_dir this user can write to" (it is
     # not a permission problem), and no empty prepare.lock left in a folder the build created
