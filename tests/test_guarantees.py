@@ -265,7 +265,6 @@ def test_ctrl_c_twice_during_a_checkpoint_write_is_one_message(data_dir, tmp_pat
     assert sorted(read_log(str(out))[1]) == [0, 2, 4, 6]
 
 
-
 @pytest.mark.parametrize('call', ['open', 'close'])
 def test_a_ctrl_c_as_the_temporary_file_is_created_leaves_no_partial_file(tmp_path, monkeypatch, call):
     # the interrupt comes the moment the temporary file exists, before its name is returned to the writer

@@ -12,7 +12,7 @@ import torch
 
 from run_kit import run_control, run_files
 import train
-from helpers import TINY, assert_same_run, logged_steps, read_log, run, run_here, start, wait_for_step
+from helpers import HERE, TINY, assert_same_run, logged_steps, read_log, run, run_here, start, wait_for_step
 
 TORCHRUN = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
 
@@ -47,7 +47,6 @@ def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
         assert p.returncode == 0, f"attempt {attempt}: exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
-
 def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutdown(data_dir, tmp_path):
     # A gloo thread still alive while the interpreter shuts down can abort a run that went well (SIGABRT after
     # the last evaluation, rarely, under load). DDP imports torch._dynamo, which, imported after the process
@@ -56,7 +55,7 @@ def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutd
     wrapper = tmp_path / 'then_list_threads.py'
     wrapper.write_text(
         'import os, sys\n'
-        f'sys.path.insert(0, {run_control.__file__.rsplit(os.sep, 2)[0]!r})\n'
+        f'sys.path.insert(0, {HERE!r})\n'
         'import train\n'
         'code = train.main(sys.argv[1:])\n'
         "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')]\n"
@@ -69,6 +68,7 @@ def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutd
     said = sorted(line for line in p.stdout.splitlines() if ' threads: ' in line)
     assert len(said) == 2, p.stdout[-2000:]
     assert not any('gloo' in line for line in said), said
+
 
 # ---------------------------------------------------------------------------------------------
 # 2. init_from='auto'
