@@ -34,7 +34,9 @@ import torch
 
 from fast_read.two_phase_read import compile_model
 from model import RESIDUAL_MODES
-from run_kit.common import build_model, detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
+from prepare import VOCAB_SIZE
+from run_kit.common import (H100_PEAK_FLOPS, build_model, detect_peak_flops, resolve_device, resolve_dtype,
+                            tune_cpu_allocator)
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),   # the modes to measure, comma-separated: every mode of model.py
@@ -225,7 +227,7 @@ def bench_checkpoint(cfg):
     """What the checkpoint checksum costs: a checkpoint of this shape (model + both AdamW moments, as
     train.py saves it), hashed as save_checkpoint and load_checkpoint do, against writing it."""
     import tempfile
-    from run_kit.run_files import content_digest
+    from run_kit.run_files import CHECKPOINT, content_digest
     model = build_model(dict(cfg, residual='rd_attnres', depth_read='plain'))
     state = dict(model=model.state_dict(),
                  optimizer=dict(state={i: dict(step=torch.tensor(1.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
@@ -237,7 +239,7 @@ def bench_checkpoint(cfg):
     hashed = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(dir='.') as d:
         t0 = time.perf_counter()
-        torch.save(state, os.path.join(d, 'ckpt.pt'))
+        torch.save(state, os.path.join(d, CHECKPOINT))
         saved = time.perf_counter() - t0
     print(f"checkpoint of {model.get_num_params() / 1e6:.1f}M parameters + AdamW: {size / 1e9:.2f} GB; "
           f"checksum {hashed:.2f} s ({size / hashed / 1e9:.2f} GB/s), torch.save to disk {saved:.2f} s")
@@ -287,7 +289,7 @@ def traffic_model(cfg):
     measures the real overhead beside it)."""
     shapes = {'120m': dict(n_layer=12, n_head=12, n_embd=768, attnres_block_size=4),
               '343m': dict(n_layer=24, n_head=16, n_embd=1024, attnres_block_size=6)}
-    peak = cfg['peak_flops'] or 989e12
+    peak = cfg['peak_flops'] or H100_PEAK_FLOPS
     bw = cfg['bandwidth'] * cfg['bandwidth_efficiency']
     print(f"depth-read traffic per training token (an estimate): float32 sources, fused kernels, "
           f"{cfg['bandwidth'] / 1e12:g} TB/s x {cfg['bandwidth_efficiency']:g}, backbone at {peak / 1e12:g} TFLOP/s x "
@@ -327,7 +329,7 @@ def main(argv):
     _, ptdtype = resolve_dtype(cfg['dtype'], device.split(':')[0])
     torch.backends.cuda.matmul.allow_tf32 = True
     g = torch.Generator().manual_seed(cfg['seed'])
-    data = torch.randint(0, 50257, (cfg['batch_size'], cfg['block_size'] + 1), generator=g).to(device)
+    data = torch.randint(0, VOCAB_SIZE, (cfg['batch_size'], cfg['block_size'] + 1), generator=g).to(device)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
     if cfg['compile_probe']:

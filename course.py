@@ -77,7 +77,7 @@ INSTRUCTORS_PART = '\n## For instructors\n'
 # What the sandbox of a grading run holds: the modules the probes import, and the worker
 GRADING_FILES = ('model.py', 'compare.py', 'train.py', 'configurator.py', 'prepare.py', 'fast_read/__init__.py',
                  'fast_read/two_phase_read.py', 'run_kit/__init__.py', 'run_kit/common.py', 'run_kit/routing.py',
-                 'run_kit/run_control.py', 'run_kit/run_dir.py', 'run_kit/run_files.py')
+                 'run_kit/console.py', 'run_kit/run_control.py', 'run_kit/run_dir.py', 'run_kit/run_files.py')
 WORKER = ('course_kit/worker.py', 'course_worker.py')   # the worker, and its name in the sandbox's tree
 BEGIN = re.compile(r'^(\s*)### BEGIN SOLUTION (\d+)\s*$')
 END = re.compile(r'^\s*### END SOLUTION\s*$')

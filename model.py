@@ -54,7 +54,7 @@ RMS_EPS = 1e-6
 @dataclass
 class GPTConfig:
     block_size: int = 1024         # context length in tokens
-    vocab_size: int = 50304        # GPT-2's 50257 padded up to a multiple of 64 (faster matmuls)
+    vocab_size: int = 50304        # GPT-2's vocabulary (prepare.VOCAB_SIZE) padded up to a multiple of 64 (faster matmuls)
     n_layer: int = 12              # transformer blocks; each holds 2 sublayers (attention, MLP)
     n_head: int = 12
     n_embd: int = 768

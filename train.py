@@ -6,20 +6,20 @@ DDP on 8 GPUs of one node (docs/training.md for several nodes):
 
 The paired protocol (docs/training.md, "Paired seeds"): for one `seed`, every arm starts from the same
 values of the parameters it shares with the others and trains on the same windows at every step, on any
-number of processes and with any micro-batch size. Its pieces (a bare name is in this file):
+number of processes and with any micro-batch size that divides the batch. Its pieces (a bare name is here):
   - the seeded initialisation: torch.manual_seed(seed) before the model is built (start_run); model.py
     draws random numbers for the same weights in every mode
-  - window_order(n_windows, seed, epoch): one epoch's permutation of train.bin's n_windows (run_control.count_windows)
-  - step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs in turn, M = total_batch_size /
-    block_size (run_control.batch_arithmetic); train gives each rank its grad_accum * batch_size of them
+  - count_windows, batch_arithmetic: train.bin's n_windows and M = total_batch_size / block_size windows a step
+  - window_order(n_windows, seed, epoch), step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs'
+    permutations in turn; train gives each rank its grad_accum * batch_size of them
   - the fingerprints: common.windows_hash of a step's windows (training rows); common.windows_digest of every
-    step's windows so far (training and evaluation rows; in the checkpoint: Run.save, run_dir.resume)
+    step's windows so far (every row, and the checkpoint: Run.save, run_dir.start_run)
   - the check: compare.pair_problem (the frozen keys, compare.FROZEN) and compare.data_problem (the digests)
 
-This file is the loop; what surrounds it is in run_kit/: how a run claims its out_dir, resumes and
-records itself (run_dir.py), the files it keeps there (run_files.py: config.json, log.jsonl, checkpoints),
-the checks around the loop (run_control.py: the configuration, stop signals, Ctrl-C, divergence). On a
-GPU step the loop never waits for the device; compiled calls see one shape.
+Reading order: step_windows, train_step, train. What surrounds the loop is in run_kit/: run_dir.start_run,
+the one door to a run (its out_dir claimed, its checkpoint loaded, its record begun), run_files.py (the
+files), run_control.py (the guards: configuration, signals, Ctrl-C, divergence, processes), console.py.
+Every collective of a step is here: DDP's gradient all-reduce, and at log steps Run.agree and the loss's.
 """
 
 import functools
@@ -34,17 +34,16 @@ exit_on_help(__name__, __file__, "docs/training.md; README's Quickstart")   # -h
 import numpy as np
 import torch
 
-from fast_read.two_phase_read import compile_model
+# what the lesson is made of: the model, the data, the windows of a step and their fingerprints
 from model import GPT
 from prepare import read_dataset
-from run_kit.common import (DIGEST_START, build_model, detect_peak_flops, get_windows, resolve_dtype, schedule_length,
-                            tune_cpu, windows_digest, windows_hash)
+from run_kit.common import build_model, get_windows, windows_digest, windows_hash
+# machinery a reader may skip: how a run starts and what it records (run_dir: the one door), the guards around
+# the loop (run_control: signals, Ctrl-C, divergence, processes), the run's files, the console, the devices
+from fast_read.two_phase_read import compile_model
+from run_kit import console, run_control, run_dir, run_files
+from run_kit.common import detect_peak_flops, fail, resolve_dtype, tune_cpu
 from run_kit.routing import routing_log
-from run_kit.run_control import (SkippedSteps, StopSignals, batch_arithmetic, count_windows, ctrl_c, fix_schedule,
-                                 leave_process_group, note_nonfinite, ranks_agree, should_stop, start_processes,
-                                 stop_diverged, validate, wrap_ddp)
-from run_kit.run_dir import RunRecord, claim_out_dir, nothing_to_train, print_run_summary, print_step, resume, step_row
-from run_kit.run_files import EXIT_STOPPED, kept_checkpoint, rng_states
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -117,7 +116,8 @@ def step_windows(step, n_windows, windows_per_step, seed):
     """Indices of the windows that optimizer step `step` trains on, a list of ints in order, all ranks
     together: the slice [step * M, (step + 1) * M) of the endless sequence of epochs, M = windows_per_step.
     It depends on nothing but the seed, the step, the number of training windows and M, so every arm of a
-    seed, on any number of processes and with any micro-batch size, trains on the same windows at each step."""
+    seed, on any number of processes and with any micro-batch size that divides the batch, trains on the same
+    windows at each step."""
     ### BEGIN SOLUTION 4
     first = step * windows_per_step
     out = []
@@ -126,6 +126,38 @@ def step_windows(step, n_windows, windows_per_step, seed):
         out.extend(window_order(n_windows, seed, epoch)[offset:offset + windows_per_step - len(out)].tolist())
     ### END SOLUTION
     return out
+
+
+def batch_arithmetic(cfg, world, master):
+    """(grad_accum, M): micro-steps per process, and windows per step (all ranks), M = total_batch_size /
+    block_size. A total_batch_size that does not split into world x batch_size x block_size is refused."""
+    T, B, total = cfg['block_size'], cfg['batch_size'], cfg['total_batch_size']
+    if total % (B * T * world) == 0:
+        return total // (B * T * world), total // T
+    if total % (T * world) != 0:
+        fail(f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: "
+             "no batch_size can split it evenly; change total_batch_size or the number of processes", master)
+    per_rank = total // (T * world)  # windows per process per step
+    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
+    fail(f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = "
+         f"{B} * {T} * {world}; with {world} processes, batch_size={fits} works "
+         f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
+
+
+def count_windows(cfg, master, windows_per_step, train_data, val_data):
+    """(n_windows, n_eval): train.bin's windows (window i: tokens [i*T, i*T + T + 1)) and those of val.bin's
+    first eval_tokens, refused when too few."""
+    T, tokens = cfg['block_size'], cfg['eval_tokens']
+    n_windows, n_eval = (len(train_data) - 1) // T, min((len(val_data) - 1) // T, tokens // T if tokens else 1 << 62)
+    if n_windows < windows_per_step:
+        fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
+             "prepare more data or lower total_batch_size", master)
+    if n_eval < 1:
+        fail(f"eval_tokens={tokens} is less than one block of block_size={T} tokens: raise eval_tokens (0 = all of "
+             f"val.bin, {len(val_data):,} tokens)" if tokens and len(val_data) > T else f"val.bin holds "
+             f"{len(val_data)} tokens, fewer than one block of {T}: prepare more validation data or lower block_size",
+             master)
+    return n_windows, n_eval
 
 
 # -----------------------------------------------------------------------------
@@ -144,7 +176,7 @@ def eval_batches(n_eval, rank, world, batch_size):
 def get_lr(it, cfg):
     """Linear warmup from lr/warmup (non-zero at step 0), then cosine decay to min_lr_ratio * lr over
     lr_decay_iters steps; past the end of the schedule the LR stays at its final value."""
-    lr, decay_iters = cfg['learning_rate'], schedule_length(cfg)
+    lr, decay_iters = cfg['learning_rate'], cfg['lr_decay_iters']   # (fixed when the run started: run_dir.start_run)
     if it < cfg['warmup_iters']:
         return lr * (it + 1) / cfg['warmup_iters']
     progress = min(1.0, (it - cfg['warmup_iters']) / max(1, decay_iters - cfg['warmup_iters']))
@@ -154,17 +186,15 @@ def get_lr(it, cfg):
 
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    validate(cfg)          # every key and the device, before anything is written
-    proc = start_processes(cfg)
+    device = run_control.validate(cfg)          # every key and the device, before anything is written
+    proc = run_control.start_processes(cfg, device)
     try:
-        with ctrl_c(cfg['out_dir']):   # a message, not a traceback, however many times it is pressed
+        with run_control.ctrl_c(cfg['out_dir']):   # a message, not a traceback, however many times it is pressed
             code = train(cfg, proc)
-            if proc.ddp:
-                # every rank leaves together: one that tears its process group down while rank 0 still writes
-                # the last checkpoint can abort (gloo: SIGABRT), and torchrun then reports the run as failed
-                torch.distributed.barrier()
+            if proc.ddp:   # every rank leaves together: one that leaves while rank 0 still writes the last
+                torch.distributed.barrier()   # checkpoint can abort (gloo: SIGABRT), and torchrun reports a failure
     finally:
-        leave_process_group(proc)   # also on an error
+        run_control.leave_process_group(proc)   # also on an error
     return code
 
 
@@ -205,7 +235,7 @@ def train_step(step, run, data, rank_windows):
     cfg, proc, model, optimizer, scaler = run.cfg, run.proc, run.model, run.optimizer, run.scaler
     T, B = cfg['block_size'], cfg['batch_size']
     grad_accum = len(rank_windows) // B
-    loss_sum = torch.zeros((), device=proc.device)
+    loss_mean = torch.zeros((), device=proc.device)   # this rank's mean over the step's tokens
     for micro in range(grad_accum):
         x, y = get_windows(data, rank_windows[micro * B:(micro + 1) * B], T)
         if proc.device_type == 'cuda':   # pinned memory: the copy runs while the GPU works
@@ -216,19 +246,19 @@ def train_step(step, run, data, rank_windows):
         with run.ctx:
             _, loss = model(x, y)
             loss = loss / grad_accum   # a micro-batch's mean over its tokens: the summed gradients are the step mean's
-        loss_sum += loss.detach()
+        loss_mean += loss.detach()
         scaler.scale(loss).backward()     # float16: scaled up so that small gradients do not underflow
     scaler.unscale_(optimizer)            # (these scaler calls do nothing unless float16)
     norm = torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg['grad_clip'] or float('inf'))
     # the divergence guard, on the device: the first non-finite loss / norm (float16: a norm is the scaler's business)
-    note_nonfinite(run.first_nonfinite, step, loss_sum, norm, scaler.is_enabled())
+    run_control.note_nonfinite(run.first_nonfinite, step, loss_mean, norm, scaler.is_enabled())
     if scaler.is_enabled():
         scaler.step(optimizer)            # skipped if the gradients overflowed
         scaler.update()                   # ... and then the scale is halved
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum, norm
+    return loss_mean, norm
 
 
 # -----------------------------------------------------------------------------
@@ -237,32 +267,41 @@ def train_step(step, run, data, rank_windows):
 @dataclass(kw_only=True)
 class Run:
     """What the loop works with. raw_model: the plain module (checkpoints, routing diagnostics; nanoGPT's
-    name); eval_model: what evaluates (compiled if asked, no DDP); model: what trains (eval_model under DDP)."""
+    name); compiled_model: raw_model compiled if asked (else raw_model itself), what evaluates; model: what
+    trains (compiled_model, wrapped in DDP under torchrun)."""
     cfg: dict
     proc: object          # run_control.ThisProcess
     ctx: object
     raw_model: GPT
-    eval_model: object
+    compiled_model: object
     model: object
     optimizer: object
     scaler: object
-    record: RunRecord
+    record: object        # run_dir.RunRecord: what rank 0 writes
     val_data: object
     val_batches: list
     routing_windows: list
     first_nonfinite: torch.Tensor   # (loss, norm) steps, then values: the first non-finite on this rank, -1 = never
     data_digest: str                # every step's windows so far (common.windows_digest)
 
+    def agree(self, step, stop_requested):
+        """One all-reduce, where the loop reads the device anyway: stop (recorded) if any rank's loss or norm went
+        non-finite; whether any rank got a stop signal (then all of them stop at this step)."""
+        flags = torch.cat([self.first_nonfinite, self.first_nonfinite.new_tensor([int(stop_requested)])])
+        if self.proc.ddp:
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        return run_control.should_stop(flags.tolist(), step, self.record.ckpt_path, self.proc.master)
+
     def evaluate_log_save(self, step, best_val, checkpoint, resumed):
         """Evaluate at `step`; checkpoint if asked (after the ranks have checked that nothing diverged);
         then log, so that a logged evaluation always has its checkpoint on disk. Returns the loss."""
         cfg, master = self.cfg, self.proc.master
-        val_loss, routing = evaluate(self.eval_model, self.raw_model, self.val_data, self.val_batches,
+        val_loss, routing = evaluate(self.compiled_model, self.raw_model, self.val_data, self.val_batches,
                                      self.routing_windows, cfg, self.proc, self.ctx)
         if not math.isfinite(val_loss):   # (recorded in the log as a divergence: a result, for study.py)
-            stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
-                          f"{kept_checkpoint(self.record.ckpt_path)}", step, 'validation loss', step, str(val_loss),
-                          self.record.ckpt_path, master)
+            kept = run_files.kept_checkpoint(self.record.ckpt_path)
+            run_control.stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
+                                      f"{kept}", step, 'validation loss', step, str(val_loss), self.record.ckpt_path, master)
         if master:
             print(f"step {step}: val loss {val_loss:.4f}" + (' (eval_only: nothing trained or saved)'
                                                              if cfg['eval_only'] else ''), flush=True)
@@ -274,60 +313,55 @@ class Run:
         return val_loss
 
     def save(self, step, best):
-        should_stop(self.first_nonfinite, False, step, self.record.ckpt_path, self.proc)
-        ranks_agree(self.raw_model, step, self.proc)   # (under DDP: every rank holds rank 0's parameters)
+        self.agree(step, False)
+        run_control.ranks_agree(self.raw_model, step, self.proc)   # (under DDP, one all_gather: rank 0's parameters?)
         self.record.save(dict(model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
                               scaler=self.scaler.state_dict(), step=step, best_val_loss=best, config=self.cfg,
-                              rng=rng_states(), data_digest=self.data_digest))
+                              rng=run_files.rng_states(), data_digest=self.data_digest))
 
 
-def start_run(cfg, proc):
-    """Everything before the first step: precision, data, the out_dir claimed, the model built (the pairing's
-    initialisation), resumed, compiled, wrapped. Returns the run, the step, the best loss, the resumed run's
-    configuration ({} from scratch) and the data's arithmetic."""
+def start_run(cfg, proc, peak):
+    """Everything before the first step: precision, the data and its arithmetic, the model built (the pairing's
+    initialisation), then run_dir.start_run (the out_dir claimed, the checkpoint loaded, the record begun),
+    compiled, wrapped. Returns the run, where it starts (run_dir.Start) and the data order's arithmetic."""
     dt_name, ptdtype = resolve_dtype(cfg['dtype'], proc.device_type)
     cfg['dtype_resolved'] = dt_name     # frozen on resume: 'auto' may mean bf16 on one machine, fp16 on another
     ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=ptdtype)
     # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.read_sources)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)   # M = total_batch_size / block_size
+    grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])   # verified (prepare.py)
-    n_windows, n_eval = count_windows(cfg, proc, windows_per_step, train_data, val_data)
-    every_rank_has_it = claim_out_dir(cfg, proc)   # init_from is now scratch or resume, decided by rank 0
-    record = RunRecord(cfg, proc.master)
+    n_windows, n_eval = count_windows(cfg, proc.master, windows_per_step, train_data, val_data)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
     raw_model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
     optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
                                                proc.device_type)
     scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'], enabled=ptdtype == torch.float16)
-    step, best_val, resumed, digest = 0, float('inf'), {}, DIGEST_START
-    if cfg['init_from'] == 'resume':   # (the digest: the checkpoint's, or for an older one, the order's from step 0)
-        step, best_val, resumed, digest = resume(cfg, raw_model, optimizer, scaler, proc, every_rank_has_it,
-                                                 lambda s: step_windows(s, n_windows, windows_per_step, cfg['seed']))
-    fix_schedule(cfg, proc.master)      # its length is fixed now and frozen for the rest of the run
+    start = run_dir.start_run(cfg, proc, raw_model, optimizer, scaler,
+                              lambda s: step_windows(s, n_windows, windows_per_step, cfg['seed']),
+                              dict(grad_accum=grad_accum, train_tokens=len(train_data), eval_windows=n_eval), peak)
     # compile: two_phase, one region per AttnRes block, else the whole model (docs/performance.md)
-    eval_model = compile_model(raw_model) if cfg['compile'] else raw_model
-    run = Run(cfg=cfg, proc=proc, ctx=ctx, raw_model=raw_model, eval_model=eval_model, model=wrap_ddp(eval_model, proc),
-              optimizer=optimizer, scaler=scaler, record=record, val_data=val_data,
-              val_batches=eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
+    compiled_model = compile_model(raw_model) if cfg['compile'] else raw_model
+    run = Run(cfg=cfg, proc=proc, ctx=ctx, raw_model=raw_model, compiled_model=compiled_model,
+              model=run_control.wrap_ddp(compiled_model, proc), optimizer=optimizer, scaler=scaler, record=start.record,
+              val_data=val_data, val_batches=eval_batches(n_eval, proc.rank, proc.world, cfg['eval_batch_size']),
               routing_windows=list(range(min(cfg['eval_batch_size'], n_eval))),   # the routing: the first val batch
-              first_nonfinite=torch.full((4,), -1, dtype=torch.int64, device=proc.device), data_digest=digest)
-    if proc.master:
-        print_run_summary(cfg, raw_model, grad_accum, proc, dt_name, len(train_data), n_eval, step)
-    return run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval)
+              first_nonfinite=torch.full((4,), -1, dtype=torch.int64, device=proc.device), data_digest=start.data_digest)
+    return run, start, (train_data, n_windows, windows_per_step, grad_accum)
 
 
 def train(cfg, proc):
     """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
     tune_cpu(cfg, proc.device_type)   # on CPU: threads and allocator
-    run, step, best_val, resumed, (train_data, n_windows, windows_per_step, grad_accum, n_eval) = start_run(cfg, proc)
-    if (done := nothing_to_train(run, step, resumed)) is not None:
-        return done
-    run.record.start(step, resumed, proc, dict(grad_accum=grad_accum, n_params=run.raw_model.get_num_params(),
-                                               train_tokens=len(train_data), eval_windows=n_eval))
-    peak = cfg['peak_flops'] or detect_peak_flops(proc.device)
-    stop, skips, B = StopSignals(), SkippedSteps(run.scaler), cfg['batch_size']   # (signals now checkpoint)
+    peak = cfg['peak_flops'] or detect_peak_flops(proc.device)   # for MFU (0: unknown, no MFU)
+    run, start, (train_data, n_windows, windows_per_step, grad_accum) = start_run(cfg, proc, peak)
+    step, best_val, resumed, B = start.step, start.best_val, start.resumed, cfg['batch_size']
+    if start.todo != 'train':   # eval_only, or a finished run (its final row, if a kill came before it)
+        if start.todo == 'evaluate':
+            run.evaluate_log_save(step, float('inf'), False, resumed)
+        return 0
+    stop, skips = run_control.StopSignals(), run_control.SkippedSteps(run.scaler)   # (signals now checkpoint)
     try:
         if step == 0:                        # the curves start at the untrained model
             best_val = run.evaluate_log_save(step, best_val, False, resumed)
@@ -342,19 +376,26 @@ def train(cfg, proc):
             run.data_digest = windows_digest(run.data_digest, windows)   # chained with every step's before
             rank_windows = windows[proc.rank * grad_accum * B:(proc.rank + 1) * grad_accum * B]
             skips.before()
-            loss_sum, norm = train_step(step, run, train_data, rank_windows)
+            loss_mean, norm = train_step(step, run, train_data, rank_windows)
             skips.after(step, run.record.ckpt_path, proc.master)
             step += 1
 
             stopping = False
             if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
-                stopping = should_stop(run.first_nonfinite, bool(stop.received), step, run.record.ckpt_path, proc)
+                stopping = run.agree(step, bool(stop.received))   # (reads the device: dt below is real)
+                if proc.ddp:
+                    torch.distributed.all_reduce(loss_mean)   # the step's loss: the mean of the ranks' means
                 t_now = time.time()
-                row = step_row(step, cfg, proc, run.raw_model, loss_sum, norm, lr, (t_now - t_last) / (step - t_last_step),
-                               t_last_step == start_step, peak, windows_hash(windows), run.data_digest, skips)
+                dt, norm_value = (t_now - t_last) / (step - t_last_step), norm.item()
+                mfu = (run.raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, peak, cfg['block_size'])
+                       if peak and t_last_step != start_step else None)   # (the first interval holds compilation)
+                row = dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=loss_mean.item() / proc.world,
+                           lr=lr, norm=norm_value if math.isfinite(norm_value) else None, dt=dt,
+                           tok_per_s=cfg['total_batch_size'] / dt, mfu=mfu, data_hash=windows_hash(windows),
+                           data_digest=run.data_digest, **skips.log_fields())
                 t_last, t_last_step = t_now, step
                 if proc.master:
-                    print_step(row, cfg['max_iters'])
+                    console.print_step(row, cfg['max_iters'])
                 run.record.log(row)
             if step % cfg['eval_interval'] == 0 or step == cfg['max_iters']:
                 # a stop by signal always checkpoints, whatever always_save_checkpoint says: that is its point
@@ -367,12 +408,12 @@ def train(cfg, proc):
                 if proc.master:   # (said once the checkpoint is on disk)
                     print(f"stopped by {stop.received[0] if stop.received else 'a signal to another rank'} at step "
                           f"{step}: checkpoint written to {run.record.ckpt_path}. To continue: the same command with "
-                          f"--init_from=auto (or resume). Exit code {EXIT_STOPPED}.", flush=True)
+                          f"--init_from=auto (or resume). Exit code {run_files.EXIT_STOPPED}.", flush=True)
                 break
     finally:
         stop.restore()
         run.record.finish()
-    return EXIT_STOPPED if step < cfg['max_iters'] else 0
+    return run_files.EXIT_STOPPED if step < cfg['max_iters'] else 0
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ What the scripts share (nanochat keeps the same kind of helpers in its common.py
     (the running digest of every step's windows since step 0); the paired data order itself is train.py's
   - device and precision: resolve_device, resolve_dtype, check_device, detect_peak_flops, tune_cpu,
     tune_cpu_allocator
+  - fail: how a run stops with a message (under torchrun, said by rank 0 alone)
 
 The files of a run (config.json, log.jsonl, ckpt.pt, the lock, atomic writes) are run_files.py's.
 train.py, sample.py, bench.py, compare.py, study.py, prepare.py and run_files.py import from here; none
@@ -28,9 +29,15 @@ FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size
 
 
 def schedule_length(cfg):
-    """The LR schedule's length in steps: lr_decay_iters, where 0 means "follow max_iters" (train.py
-    resolves it when a run starts; configs written before it did kept the 0)."""
+    """The LR schedule's length in steps: lr_decay_iters, where 0 means "follow max_iters". The one place
+    that says so: a run's start fixes it (run_dir.start_run), and readers of configurations written before
+    it was fixed (they kept the 0) resolve it the same way."""
     return cfg.get('lr_decay_iters') or cfg['max_iters']
+
+
+def fail(message, master=True):
+    """Stop with a message. Under torchrun every rank usually meets the same error: only rank 0 says it."""
+    raise SystemExit(message if master else 1)
 
 
 # -----------------------------------------------------------------------------
@@ -98,6 +105,9 @@ def check_device(device):
     raise SystemExit(f"device={device!r} but {problem}; use --device=auto or --device=cpu")
 
 
+DTYPES = ('float32', 'bfloat16', 'float16')   # and 'auto'
+
+
 def resolve_dtype(dtype, device_type):
     """'auto' -> bfloat16 on GPUs that have it in hardware (Ampere and newer), float16 on older GPUs
     (a V100 would only emulate bf16, slowly), float32 elsewhere. Returns (name, torch dtype)."""
@@ -107,16 +117,21 @@ def resolve_dtype(dtype, device_type):
             dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
         else:
             dtype = 'float32'
-    table = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-    if dtype not in table:
-        raise SystemExit(f"dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
-    return dtype, table[dtype]
+    check_dtype(dtype)
+    return dtype, getattr(torch, dtype)
+
+
+def check_dtype(dtype):
+    """Refuse a dtype this project does not train in (before anything is written: run_control.validate)."""
+    if dtype not in ('auto', *DTYPES):
+        raise SystemExit(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
 
 
 # dense bf16 peak FLOP/s of known GPUs, for MFU, matched in order against torch.cuda.get_device_name()
 # (the more specific names first: an "H100 PCIe" must not match "H100", which is the SXM part)
-GPU_PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12),
-                  ('H800', 989e12), ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10G', 125e12),
+H100_PEAK_FLOPS = 989e12   # H100 SXM (and H200, H800: the same tensor cores); the paper's budget assumes it
+GPU_PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', H100_PEAK_FLOPS), ('H200', H100_PEAK_FLOPS),
+                  ('H800', H100_PEAK_FLOPS), ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10G', 125e12),
                   ('L4', 121e12), ('RTX 4090', 165e12), ('RTX 3090', 71e12), ('V100', 125e12))
 
 

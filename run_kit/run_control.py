@@ -1,6 +1,6 @@
 """
 The checks around train.py's loop (docs/run_safety.md): the configuration checked before anything is
-written, the batch arithmetic, the stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
+written, the process group, the stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
 None of it reads the device on a training step: the guards keep their flags on the device and the
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from run_kit.common import check_device, model_problems, resolve_device, resolve_dtype, schedule_length
-from run_kit.run_dir import fail
+from run_kit.common import check_device, check_dtype, fail, model_problems
 from run_kit.run_files import CHECKPOINT, kept_checkpoint, record_divergence
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
@@ -36,7 +35,8 @@ NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'l
 def validate(cfg):
     """Check every key that can be checked without data, and the device, and fill in out_dir's {keys}, so
     that a bad value is a message before anything is written (a rerun with the value fixed then starts
-    cleanly). train() checks the rest: the batch arithmetic, the data, the out_dir."""
+    cleanly). train.py checks the rest: the batch arithmetic, the data, the out_dir. Returns the device
+    this machine runs (cfg['device'] resolved: 'auto' is the best there is)."""
     try:
         cfg['out_dir'] = cfg['out_dir'].format(**cfg)
     except (KeyError, IndexError, ValueError) as e:
@@ -52,57 +52,12 @@ def validate(cfg):
     bad += model_problems(cfg)
     if bad:
         raise SystemExit("bad configuration: " + '; '.join(bad))
-    check_device(cfg['device'])
-    resolve_dtype(cfg['dtype'], 'cpu')   # an unknown dtype is an error here, whatever the device
+    device = check_device(cfg['device'])
+    check_dtype(cfg['dtype'])
     if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only'] and os.environ.get('RANK', '0') == '0':
         print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
               "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
-
-
-def batch_arithmetic(cfg, world, master):
-    """(micro-steps per process, windows per step). total_batch_size must split evenly into
-    world_size x batch_size x block_size; if it does not, propose a batch_size that works."""
-    T, B, total = cfg['block_size'], cfg['batch_size'], cfg['total_batch_size']
-    if total % (B * T * world) == 0:
-        return total // (B * T * world), total // T
-    if total % (T * world) != 0:
-        fail(f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: "
-             "no batch_size can split it evenly; change total_batch_size or the number of processes", master)
-    per_rank = total // (T * world)  # windows per process per step
-    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
-    fail(f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = "
-         f"{B} * {T} * {world}; with {world} processes, batch_size={fits} works "
-         f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
-
-
-def fix_schedule(cfg, master):
-    """The LR schedule's length, fixed when a run starts (a resume keeps it): lr_decay_iters, 0 = max_iters.
-    A run past its end is refused unless train_past_schedule says that is meant."""
-    cfg['lr_decay_iters'] = schedule_length(cfg)
-    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
-        fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
-             f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
-             "want, add --train_past_schedule=True.", master)
-
-
-def count_windows(cfg, proc, windows_per_step, train_data, val_data):
-    """The number of training windows and of validation windows in the prepared bins, refused when too few."""
-    T = cfg['block_size']
-    n_windows = (len(train_data) - 1) // T
-    if n_windows < windows_per_step:
-        fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
-             "prepare more data or lower total_batch_size", proc.master)
-    n_eval = (len(val_data) - 1) // T
-    if cfg['eval_tokens']:
-        n_eval = min(n_eval, cfg['eval_tokens'] // T)
-    if n_eval < 1 and cfg['eval_tokens'] and len(val_data) > T:
-        fail(f"eval_tokens={cfg['eval_tokens']} is less than one block of block_size={T} tokens: raise eval_tokens "
-             f"(0 = all of val.bin, {len(val_data):,} tokens)", proc.master)
-    if n_eval < 1:
-        fail(f"val.bin holds {len(val_data)} tokens, fewer than one block of {T}: prepare more validation data "
-             "or lower block_size", proc.master)
-    return n_windows, n_eval
-
+    return device
 
 
 @contextmanager
@@ -166,11 +121,15 @@ def note_nonfinite(flags, step, loss, norm, fp16):
 
 def divergence_message(loss_step, norm_step, step, ckpt_path):
     """What went non-finite first (-1 = never), and what is kept."""
-    if loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step):
-        what = f"training loss at step {loss_step}"
-    else:
-        what = f"gradient norm at step {norm_step} (the training loss was finite)"
+    what = (f"training loss at step {loss_step}" if loss_first(loss_step, norm_step) else
+            f"gradient norm at step {norm_step} (the training loss was finite)")
     return f"non-finite {what}, noticed at step {step}: stopped without saving; {kept_checkpoint(ckpt_path)}."
+
+
+def loss_first(loss_step, norm_step):
+    """Whether the training loss went non-finite first (-1 = never): a loss and a norm that go at one step are the
+    loss's (the norm follows from it)."""
+    return loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step)
 
 
 # what every divergence message ends with (a run started again here with another configuration is refused
@@ -192,20 +151,16 @@ def stop_diverged(message, step, what, first_step, value, ckpt_path, master):
     fail(message, master)
 
 
-def should_stop(first_nonfinite, stop_requested, step, ckpt_path, proc):
-    """The ranks agree, in one all-reduce and one read-back at a step where the loop reads the device
-    anyway: stop with a message if a loss or gradient norm went non-finite on any rank (first_nonfinite:
-    note_nonfinite's flags), recorded in the log, and return whether any rank was asked to stop by a signal
-    (then all of them stop at this same step)."""
-    flags = torch.cat([first_nonfinite, first_nonfinite.new_tensor([int(stop_requested)])])
-    if proc.ddp:  # (a loss can go non-finite, and a signal arrive, on one rank first)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    loss_step, norm_step, loss_value, norm_value, stop = flags.tolist()
+def should_stop(flags, step, ckpt_path, master):
+    """After the ranks' all-reduce of their flags (train.Run.agree: note_nonfinite's four, then whether a signal
+    came), as a list: stop with a message if a loss or gradient norm went non-finite on any rank, recorded in the
+    log, and return whether any rank was asked to stop by a signal."""
+    loss_step, norm_step, loss_value, norm_value, stop = flags
     if loss_step >= 0 or norm_step >= 0:
-        loss_first = loss_step >= 0 and (norm_step < 0 or loss_step <= norm_step)
+        loss = loss_first(loss_step, norm_step)
         stop_diverged(divergence_message(loss_step, norm_step, step, ckpt_path), step,
-                      'training loss' if loss_first else 'gradient norm', loss_step if loss_first else norm_step,
-                      NONFINITE[loss_value if loss_first else norm_value], ckpt_path, proc.master)
+                      'training loss' if loss else 'gradient norm', loss_step if loss else norm_step,
+                      NONFINITE[loss_value if loss else norm_value], ckpt_path, master)
     return stop > 0
 
 
@@ -280,11 +235,11 @@ class ThisProcess:
         return self.rank == 0
 
 
-def start_processes(cfg):
+def start_processes(cfg, device):
+    """This process, on `device` (validate's): alone, or one rank of torchrun's, in its process group."""
     ddp = int(os.environ.get('RANK', -1)) != -1  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
     rank, local_rank, world = ((int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))
                                if ddp else (0, 0, 1))
-    device = resolve_device(cfg['device'])
     if ddp and device.startswith('cuda'):
         device = f'cuda:{local_rank}'        # one GPU per process
         torch.cuda.set_device(device)
@@ -315,8 +270,8 @@ def wrap_ddp(model, proc):
     """The model as the step runs it: under DDP, wrapped (gradients all-reduced in buckets); alone, as it is."""
     if not proc.ddp:
         return model
-    # The only buffers are the constant rotary tables: never resent (torch >= 2.13 calls this
-    # forward_sync_buffers=False, older releases broadcast_buffers=False). Gradients live in DDP's buckets.
+    # The buffers are constants (the rotary tables; ctrl_fixed_v's fixed w_v): never resent (torch >= 2.13 calls
+    # this forward_sync_buffers=False, older releases broadcast_buffers=False). Gradients live in DDP's buckets.
     DDP = torch.nn.parallel.DistributedDataParallel
     no_buffer_sync = (dict(forward_sync_buffers=False) if 'forward_sync_buffers' in inspect.signature(DDP).parameters
                       else dict(broadcast_buffers=False))

@@ -1,29 +1,115 @@
 """
-A run's directory, for train.py: how a run claims its out_dir, starts or resumes in it, and what it
-writes there while it trains. The files themselves (run.lock, config.json, log.jsonl, ckpt.pt), their
-readers and writers, are run_files.py's (docs/run_safety.md).
+A run's start and its record, for train.py. start_run is the one door to a run: it claims the out_dir,
+reads and checks the checkpoint, loads it, fixes the schedule, says what is left to do and begins the
+record, in that order. The files it reads and writes there (run.lock, config.json, log.jsonl, ckpt.pt)
+are run_files.py's formats (docs/run_safety.md).
 
 An evaluation's row is appended only after its checkpoint is on disk, so a log that holds the
 validation loss at max_iters means a finished run (run_files.is_finished). A resume rewinds the log to
-the checkpoint's step: what was logged after it is trained again, bit-identically.
+the checkpoint's step: what was logged after it is trained again, on the same windows (bit-identically
+on the CPU; on a GPU within what its kernels' nondeterminism allows, docs/gpus.md).
 """
 
 import functools
 import os
 import secrets
 import subprocess
-import sys
+from dataclasses import dataclass
 
-from run_kit.common import DIGEST_START, FROZEN_ON_RESUME, detect_peak_flops, schedule_length, windows_digest
+from run_kit.common import DIGEST_START, FROZEN_ON_RESUME, fail, schedule_length, windows_digest
+from run_kit.console import print_run_summary
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
                                killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
                                rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
                                is_finished, renamed_keys)
 
 
-def fail(message, master=True):
-    """Stop with a message. Under torchrun every rank usually meets the same error: only rank 0 says it."""
-    raise SystemExit(message if master else 1)
+@dataclass
+class Start:
+    """Where a run starts (start_run) and what is left to do there."""
+    step: int           # the checkpoint's step; 0 from scratch
+    best_val: float     # the best validation loss so far
+    resumed: dict       # the checkpoint's configuration; {} from scratch
+    data_digest: str    # every step's windows before `step` (common.windows_digest)
+    record: object      # RunRecord: what rank 0 writes
+    todo: str           # 'train'; 'evaluate' (eval_only, or the final row of a run killed before writing it); 'finished'
+
+
+def start_run(cfg, proc, model, optimizer, scaler, step_windows, meta, peak):
+    """Start or resume the run of cfg in cfg['out_dir'], read top to bottom. model, optimizer and scaler are
+    built by train.py (the seeded initialisation); step_windows(s) is its data order, meta what the console
+    and config.json say of the batch and data (grad_accum, train_tokens, eval_windows), peak the FLOP/s for MFU.
+    Every refusal is a message before anything in out_dir is changed."""
+    master, out_dir, ckpt_path = proc.master, cfg['out_dir'], os.path.join(cfg['out_dir'], CHECKPOINT)
+
+    # 1. claim the out_dir: rank 0 looks, holds the lock if the run writes, and decides scratch or resume
+    has_ckpt = rank0_decides(lambda: os.path.exists(ckpt_path), proc)
+    if cfg['init_from'] == 'resume' and not has_ckpt:
+        fail(no_checkpoint(out_dir), master)   # (said before out_dir is made)
+    if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):   # eval_only of a checkpoint appends a row
+        hold_out_dir(out_dir, proc)
+    how, started, refusal = rank0_decides(lambda: how_to_start(cfg, has_ckpt), proc)
+
+    # 2. read the checkpoint: each rank its own copy where that is rank 0's, else rank 0's, sent to it
+    ckpt = None
+    if how == 'resume':
+        read = lambda: load_checkpoint(ckpt_path)
+        ckpt = read() if checkpoint_copies(out_dir, proc) else rank0_decides(read, proc)
+        started = dict(ckpt['config'], lr_decay_iters=schedule_length(ckpt['config']))
+
+    # 3. fix the LR schedule's length (a resume keeps the checkpoint's unless given), then refuse a run whose frozen
+    # settings changed: a resume, or a run killed before its first checkpoint started again (one check)
+    cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or (started['lr_decay_iters'] if ckpt else cfg['max_iters'])
+    changed = {k: (started.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME
+               if started and k in started and started.get(k) != cfg.get(k)}
+    if changed and ckpt:
+        fail(f"cannot resume {ckpt_path}: it was trained with another configuration "
+             f"({describe_diff(changed, 'checkpoint', 'now')}). Use the checkpoint's values or another out_dir.", master)
+    if changed:
+        fail(f"{out_dir} holds a run with another configuration ({describe_diff(changed, 'that run', 'now')}). Use "
+             "another out_dir, or --init_from=scratch --overwrite=True to replace it.", master)
+    if refusal:
+        fail(refusal, master)
+    if cfg['max_iters'] > cfg['lr_decay_iters'] and not cfg['train_past_schedule'] and not cfg['eval_only']:
+        fail(f"max_iters={cfg['max_iters']} runs past the end of the LR schedule (lr_decay_iters="
+             f"{cfg['lr_decay_iters']}): the extra steps would train at the final LR. If that is what you "
+             "want, add --train_past_schedule=True.", master)
+    if how == 'scratch' and not cfg['eval_only'] and master:   # (a scratch run replaces what out_dir held)
+        remove_run_files(out_dir)
+
+    # 4. load: weights (checked against the model first), optimizer, scaler, random states, the data digest
+    step, best_val, digest = 0, float('inf'), DIGEST_START
+    if ckpt:
+        ckpt['model'] = renamed_keys(model, ckpt['model'])   # a checkpoint of an older version: today's names
+        check_tensors(model, {k: (tuple(t.shape), t.dtype) for k, t in ckpt['model'].items()}, ckpt_path)
+        model.load_state_dict(ckpt['model'])
+        optimizer.load_state_dict(ckpt['optimizer'])
+        scaler.load_state_dict(ckpt['scaler'])
+        set_rng_states(ckpt['rng'])
+        step, best_val, digest = ckpt['step'], ckpt['best_val_loss'], ckpt.get('data_digest')
+        if digest is None:   # a checkpoint written before runs kept one: rebuilt from the order, one step at a time
+            digest = functools.reduce(windows_digest, map(step_windows, range(step)), DIGEST_START)
+
+    # 5. what is left to do, said with the run's summary
+    record, resumed = RunRecord(cfg, master), started if ckpt else {}
+    if master:
+        print_run_summary(cfg, model, meta['grad_accum'], proc, cfg['dtype_resolved'], meta['train_tokens'],
+                          meta['eval_windows'], step, peak)
+    todo = 'evaluate' if cfg['eval_only'] else 'train'
+    if ckpt and not cfg['eval_only'] and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
+        if step == started['max_iters'] and not is_finished(out_dir):   # killed between the final save and its row
+            record.rewind(step)
+            todo = 'evaluate'
+        else:
+            todo = 'finished'
+            if master:
+                print(f"{out_dir}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to do, "
+                      "nothing written", flush=True)
+
+    # 6. begin the record of a run that trains: the log rewound to the checkpoint, wandb, config.json
+    if todo == 'train':
+        record.start(step, resumed, proc, dict(meta, n_params=model.get_num_params()))
+    return Start(step=step, best_val=best_val, resumed=resumed, data_digest=digest, record=record, todo=todo)
 
 
 def saved_config(out_dir):
@@ -32,11 +118,6 @@ def saved_config(out_dir):
         return read_config(out_dir)
     except RunFileError:
         return None
-
-
-def frozen_diff(then, cfg):
-    """{key: (value then, value now)} for the keys that decide what a run's numbers mean (FROZEN_ON_RESUME)."""
-    return {k: (then.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME if k in then and then.get(k) != cfg.get(k)}
 
 
 def describe_diff(diff, then, now):
@@ -68,23 +149,17 @@ def hold_out_dir(out_dir, proc):
     """Hold out_dir (run.lock) on rank 0, or stop saying who holds it. Two runs started into one out_dir at
     the same moment would interleave their logs and overwrite each other's checkpoints: the second is
     refused, before it reads or writes anything there. Then what a run killed mid-write left is removed."""
-    import torch
-    master, holder = proc.master, None
-    if master:
+    def hold():
         try:
             holder = lock_out_dir(out_dir)
         except OSError as e:
             raise write_failed(os.path.join(out_dir, LOCK), e, "nothing was written", what=f"to {out_dir}",
                                then="run the same command again") from None
-    if proc.ddp:   # every rank learns whether rank 0 got it
-        busy = torch.tensor([int(holder is not None)], device=proc.device)
-        torch.distributed.all_reduce(busy)
-        holder = holder or ('another run' if busy.item() else None)
-    if holder:
-        fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
-             "and checkpoints: wait for it to end, or use another --out_dir.", master)
-    if master:   # (no other run can be writing them: we hold the lock)
-        remove_run_files(out_dir, '.tmp')
+        if holder:
+            fail(f"{out_dir} is in use by another run ({holder}). Two runs into one out_dir would mix their logs "
+                 "and checkpoints: wait for it to end, or use another --out_dir.")
+        remove_run_files(out_dir, '.tmp')   # (no other run can be writing them: we hold the lock)
+    rank0_decides(hold, proc)
 
 
 def rank0_decides(decide, proc):
@@ -107,52 +182,31 @@ def rank0_decides(decide, proc):
     return value
 
 
-def claim_out_dir(cfg, proc):
-    """Hold out_dir (a run that writes), then decide how this run starts in it; init_from is resolved to
-    'scratch' or 'resume'. Rank 0 decides from its out_dir, for every rank (rank0_decides).
+def how_to_start(cfg, has_ckpt):
+    """How the run starts in out_dir, on rank 0 (rank0_decides): (how, started, refusal). how is 'scratch' or
+    'resume'; started is the configuration of a run found there without a checkpoint (auto; start_run refuses it
+    if its frozen settings differ), refusal a message start_run raises after that check. init_from:
     scratch: never replaces a run by mistake, it needs an empty out_dir or --overwrite=True.
-    resume:  needs out_dir/ckpt.pt (checked in resume()).
+    resume:  needs out_dir/ckpt.pt (start_run has checked that it is there).
     auto:    resume when there is a checkpoint (a different run is refused there), start from scratch when
              out_dir holds no run, and start again from scratch when it holds only the beginning of this
              same run, killed before its first checkpoint (nothing trained is lost). Anything else (a
-             finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files.
-    Returns whether every rank holds rank 0's checkpoint itself (checkpoint_copies; True from scratch)."""
-    master, out_dir = proc.master, cfg['out_dir']
-    has_ckpt = rank0_decides(lambda: os.path.exists(os.path.join(out_dir, CHECKPOINT)), proc)
-    if cfg['init_from'] == 'resume' and not has_ckpt:
-        fail(no_checkpoint(out_dir), master)   # (said before out_dir is made)
-    # what writes holds out_dir: training, and eval_only from a checkpoint (it appends a row to the log)
-    if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):
-        hold_out_dir(out_dir, proc)
-    cfg['init_from'] = rank0_decides(lambda: how_to_start(cfg, has_ckpt, master), proc)
-    return checkpoint_copies(out_dir, proc) if cfg['init_from'] == 'resume' else True
-
-
-def how_to_start(cfg, has_ckpt, master):
-    """'scratch' or 'resume' for claim_out_dir (rank 0), or a refusal; a scratch run's old files are removed."""
-    out_dir = cfg['out_dir']
-    found = existing_run(out_dir)
+             finished run whose checkpoint is gone, say) is refused: only --overwrite removes a run's files."""
+    out_dir, found = cfg['out_dir'], existing_run(cfg['out_dir'])
     if cfg['init_from'] == 'auto':
         if has_ckpt or not found or cfg['eval_only']:
-            return 'resume' if has_ckpt else 'scratch'
+            return ('resume' if has_ckpt else 'scratch'), None, None
         started = saved_config(out_dir)
-        diff = frozen_diff(started or {}, dict(cfg, lr_decay_iters=schedule_length(cfg)))
-        if diff:
-            fail(f"{out_dir} holds a run with another configuration ({describe_diff(diff, 'that run', 'now')}). Use "
-                 "another out_dir, or --init_from=scratch --overwrite=True to replace it.", master)
-        if started is None or not killed_before_first_checkpoint(out_dir, started):
-            fail(without_checkpoint(out_dir, found), master)
-    elif cfg['init_from'] != 'scratch' or cfg['eval_only'] or not found:
-        return cfg['init_from']
-    elif not cfg['overwrite']:
-        how = ("--init_from=resume (or auto)" if has_ckpt else
-               "it has no checkpoint yet (killed before its first one): --init_from=auto starts it again"
-               if killed_before_first_checkpoint(out_dir, saved_config(out_dir) or cfg) else
-               "its ckpt.pt is gone, so it cannot be continued")
-        fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: {how}. To start a new run: "
-             "another --out_dir. To replace it: --overwrite=True.", master)
-    remove_run_files(out_dir)
-    return 'scratch'
+        killed = started is not None and killed_before_first_checkpoint(out_dir, started)
+        return 'scratch', started, None if killed else without_checkpoint(out_dir, found)
+    if cfg['init_from'] == 'resume' or cfg['eval_only'] or not found or cfg['overwrite']:
+        return cfg['init_from'], None, None
+    how = ("--init_from=resume (or auto)" if has_ckpt else
+           "it has no checkpoint yet (killed before its first one): --init_from=auto starts it again"
+           if killed_before_first_checkpoint(out_dir, saved_config(out_dir) or cfg) else
+           "its ckpt.pt is gone, so it cannot be continued")
+    fail(f"{out_dir} already holds a run: {', '.join(found)}. To continue it: {how}. To start a new run: "
+         "another --out_dir. To replace it: --overwrite=True.")
 
 
 def checkpoint_copies(out_dir, proc):
@@ -172,41 +226,6 @@ def checkpoint_copies(out_dir, proc):
         print(f"resuming from rank 0's {os.path.join(out_dir, CHECKPOINT)}; these ranks' out_dir holds another or no "
               f"ckpt.pt, so rank 0 sends them its checkpoint: {', '.join(others)}", flush=True)
     return not others
-
-
-def resume(cfg, model, optimizer, scaler, proc, every_rank_has_it, step_windows):
-    """Restore model, optimizer, scaler and RNG states from rank 0's out_dir/ckpt.pt (checksum and keys
-    verified): read by every rank from its own copy, or sent by rank 0 where a rank's copy is missing or
-    another (checkpoint_copies). Returns (step, best validation loss, the checkpoint's configuration, the
-    run's data digest). The digest is the checkpoint's: what the run trained on. A checkpoint written before
-    train.py kept one has none; its digest is then rebuilt from step_windows(s), the windows of step s, for
-    every step before the checkpoint's (the order follows from frozen keys, so these are the windows it
-    trained on unless the code of the order changed in between)."""
-    master, ckpt_path = proc.master, os.path.join(cfg['out_dir'], CHECKPOINT)
-
-    def load():
-        if not os.path.exists(ckpt_path):
-            fail(no_checkpoint(cfg['out_dir']), master)
-        return load_checkpoint(ckpt_path)
-    ckpt = load() if every_rank_has_it else rank0_decides(load, proc)
-    resumed = dict(ckpt['config'])          # the configuration the checkpoint was written with
-    resumed['lr_decay_iters'] = schedule_length(resumed)
-    if not cfg['lr_decay_iters']:  # not given now: the schedule the run started with
-        cfg['lr_decay_iters'] = resumed['lr_decay_iters']
-    diff = frozen_diff(resumed, cfg)
-    if diff:
-        fail(f"cannot resume {ckpt_path}: it was trained with another configuration "
-             f"({describe_diff(diff, 'checkpoint', 'now')}). Use the checkpoint's values or another out_dir.", master)
-    ckpt['model'] = renamed_keys(model, ckpt['model'])   # a checkpoint of an older version: today's names
-    check_tensors(model, {k: (tuple(t.shape), t.dtype) for k, t in ckpt['model'].items()}, ckpt_path)
-    model.load_state_dict(ckpt['model'])
-    optimizer.load_state_dict(ckpt['optimizer'])
-    scaler.load_state_dict(ckpt['scaler'])
-    set_rng_states(ckpt['rng'])
-    digest = ckpt.get('data_digest')
-    if digest is None:   # (one step's M windows at a time: no list of them all)
-        digest = functools.reduce(windows_digest, map(step_windows, range(ckpt['step'])), DIGEST_START)
-    return ckpt['step'], ckpt['best_val_loss'], resumed, digest
 
 
 def world_sizes(before, step, world):
@@ -302,85 +321,3 @@ def wandb_row(row):
         elif key not in ('step', 'data_hash', 'data_digest', 'eval_only') and value is not None:
             out[f"train/{key}" if key != 'tokens' else key] = value
     return out
-
-
-# -----------------------------------------------------------------------------
-# The console
-
-def format_duration(seconds):
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def print_step(row, max_iters):
-    """A log row as one console line: the mean of the steps since the previous line; mfu only where it is
-    known (a GPU whose peak FLOP/s is known, or peak_flops; never the first interval, which holds compilation)."""
-    mfu, norm = row['mfu'], row['norm']
-    print(f"step {row['step']:5d} | loss {row['train_loss']:.4f} | lr {row['lr']:.2e} | "
-          f"norm {norm if norm is not None else float('nan'):.3f} | dt {row['dt'] * 1000:.0f}ms | "
-          f"tok/s {row['tok_per_s']:,.0f}" + ('' if mfu is None else f" | mfu {100 * mfu:.1f}%")
-          + (f" | skipped {row['skipped_steps']}" if 'skipped_steps' in row else '')
-          + f" | eta {format_duration((max_iters - row['step']) * row['dt'])} (recent pace)", flush=True)
-
-
-def print_run_summary(cfg, model, grad_accum, proc, dt_name, train_tokens, n_eval, step):
-    """A few lines that matter; the whole configuration is in out_dir/config.json."""
-    import torch
-    T = cfg['block_size']
-    print(f"{cfg['residual']} | {cfg['n_layer']} layers x {cfg['n_embd']} ({cfg['n_head']} heads), "
-          f"attnres_block_size {cfg['attnres_block_size']}, context {T} | "
-          f"{model.get_num_params() / 1e6:.2f}M parameters | seed {cfg['seed']}")
-    print(f"batch: {grad_accum} micro-steps x {proc.world} processes x {cfg['batch_size']} x {T} = "
-          f"{cfg['total_batch_size']:,} tokens per step | {cfg['max_iters']} steps = "
-          f"{cfg['max_iters'] * cfg['total_batch_size'] / 1e6:,.1f}M tokens | LR {cfg['learning_rate']:g}, "
-          f"warmup {cfg['warmup_iters']}, schedule {cfg['lr_decay_iters']} steps")
-    print(f"data: {cfg['data_dir']}/{cfg['dataset']} ({train_tokens:,} train tokens, {n_eval} validation windows) | "
-          f"{proc.device}, {dt_name}{', compiled' if cfg['compile'] else ''}")
-    if not cfg['eval_only']:
-        peak = cfg['peak_flops'] or detect_peak_flops(proc.device)
-        n = torch.get_num_threads()
-        threads = f"{n} torch thread{'s' if n > 1 else ''} (cpu_threads) | " if proc.device_type == 'cpu' else ''
-        print(f"{threads}step lines: the mean since the line before, eta at that pace (it follows the machine's "
-              "load) | " + ("mfu: model FLOPs utilisation" if peak else
-                            f"no mfu: no peak FLOP/s known for {proc.device} (set peak_flops to see it)"))
-    print(f"eval_only: evaluates {'the checkpoint in ' + cfg['out_dir'] if step else 'the initialisation'} and "
-          f"writes {'one eval_only row to log.jsonl' if step else 'nothing'}" if cfg['eval_only'] else
-          f"writes to {cfg['out_dir']} (config.json, log.jsonl, ckpt.pt)"
-          + (f" | resumed at step {step}" if step else ''), flush=True)
-    sys.stdout.flush()
-
-
-# -----------------------------------------------------------------------------
-# What train.py does besides training: a run with nothing to train, a log step's row
-
-def nothing_to_train(run, step, resumed):
-    """eval_only, or a run already at max_iters: evaluate or say so. Returns the exit code, or None to train."""
-    cfg = run.cfg
-    if cfg['eval_only']:  # evaluate what there is (the checkpoint, or the initialisation), log, exit
-        run.evaluate_log_save(step, float('inf'), False, resumed)
-        return 0
-    if resumed and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
-        if step == resumed['max_iters'] and not is_finished(cfg['out_dir']):   # killed between the final save and its row
-            run.record.rewind(step)
-            run.evaluate_log_save(step, float('inf'), False, resumed)
-        elif run.proc.master:
-            print(f"{cfg['out_dir']}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to "
-                  "do, nothing written", flush=True)
-        return 0
-    return None
-
-
-def step_row(step, cfg, proc, raw_model, loss_sum, norm, lr, dt, first_interval, peak, data_hash, data_digest,
-             skips):
-    """The log row of a log step (the one read-back of the device since the last one: the loss)."""
-    import math
-    import torch
-    if proc.ddp:
-        torch.distributed.all_reduce(loss_sum)
-    train_loss = loss_sum.item() / proc.world   # .item() waits for the device, so dt is real
-    mfu = (raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, peak, cfg['block_size'])
-           if peak and not first_interval else None)   # (the first interval includes torch.compile's compilation)
-    norm_value = norm.item()
-    return dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=train_loss, lr=lr,
-                norm=norm_value if math.isfinite(norm_value) else None, dt=dt, tok_per_s=cfg['total_batch_size'] / dt,
-                mfu=mfu, data_hash=data_hash, data_digest=data_digest, **skips.log_fields())

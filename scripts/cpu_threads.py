@@ -17,6 +17,7 @@ args = ap.parse_args()   # (before torch loads: --help answers at once)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 import torch
 from model import GPT, GPTConfig
+from prepare import VOCAB_SIZE
 from run_kit.common import tune_cpu_allocator
 from sample import load_model
 
@@ -51,7 +52,7 @@ torch.manual_seed(0)
 net = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128, residual='rd_attnres',
                     attnres_block_size=2))
 opt = net.configure_optimizers(0.1, 2e-3, (0.9, 0.95), 'cpu')
-x, y = torch.randint(0, 50257, (16, 128)), torch.randint(0, 50257, (16, 128))
+x, y = torch.randint(0, VOCAB_SIZE, (16, 128)), torch.randint(0, VOCAB_SIZE, (16, 128))
 
 
 def three_steps():   # the first of the three warms the new thread count up and is not counted

@@ -110,6 +110,40 @@ def test_the_readme_opens_with_the_method_and_every_section_cited_elsewhere_exis
     assert [(name, section) for name, section in sorted(cited) if section not in headings] == []
 
 
+def test_the_readmes_first_screen_starts_a_reader_and_its_reading_order_points_at_the_code():
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    assert len(text.splitlines()) <= 260
+    first_screen = '\n'.join(text.splitlines()[:40])
+    assert 'python train.py config/quickstart.py' in first_screen and 'minutes' in first_screen
+    # "name (file.py:N)": line N of file.py defines name (a def or a class; Class.method: the method)
+    refs = re.findall(r'`([\w.]+)`[^`(]{0,40}\((\w+\.py):(\d+)\)', first_screen)
+    assert {f for _, f, _ in refs} >= {'model.py', 'train.py', 'compare.py'}, refs
+    for name, path, line in refs:
+        code = open(os.path.join(HERE, path), encoding='utf-8').read().splitlines()[int(line) - 1]
+        assert re.match(rf'\s*(def|class) {re.escape(name.split(".")[-1])}\b', code), (name, path, line, code)
+
+
+def test_every_link_in_the_docs_leads_to_a_file():
+    pages = ['README.md', 'COURSE.md', 'results/README.md'] + [f'docs/{n}' for n in os.listdir(os.path.join(HERE, 'docs'))
+                                                               if n.endswith('.md')]
+    broken = []
+    for page in pages:
+        if not os.path.exists(os.path.join(HERE, page)):
+            continue                                                     # a course handout leaves results/ out
+        text = open(os.path.join(HERE, page), encoding='utf-8').read()
+        for link in re.findall(r'\]\(([^)\s]+)\)', re.sub(r'^```.*?^```', '', text, flags=re.M | re.S)):
+            target = link.split('#')[0]
+            if re.match(r'[a-z]+:', link) or not target:
+                continue                                                 # a web address, or an anchor in the page
+            path = os.path.normpath(os.path.join(HERE, os.path.dirname(page), target))
+            top = os.path.relpath(path, HERE).split(os.sep)[0]
+            if top in ('study', 'results') and not os.path.isdir(os.path.join(HERE, top)):
+                continue                                                 # (not in a course handout)
+            if not os.path.exists(path):
+                broken.append(f"{page}: {link}")
+    assert broken == []
+
+
 def test_the_readmes_links_lead_to_files_and_its_test_command_is_the_one_ci_runs():
     links = [link for link in re.findall(r'\]\(([^)\s]+)\)', readme_prose()) if not re.match(r'[a-z]+:', link)]
     for link in links:
@@ -123,6 +157,7 @@ def test_the_readmes_links_lead_to_files_and_its_test_command_is_the_one_ci_runs
     ci = [line for line in open(os.path.join(HERE, '.ci', 'run'), encoding='utf-8').read().splitlines() if line.strip()]
     tests = [' '.join(argv) for argv in readme_commands('Tests')]
     assert ci[-1] == 'python -m pytest -q -n auto --dist loadfile' and ci[-1] in tests
+    assert 'python -m pytest -q -n auto -m not slow' in tests                # the fast tier, after an edit
     assert 'sudo apt-get install -y bubblewrap && python -m pip install -r requirements.txt' in tests
 
 
