@@ -732,6 +732,7 @@ def test_generate_appends_tokens_and_respects_top_k():
     assert torch.equal(out[0], out[1])                        # top_k=1 is greedy: same rows
 
 
+@pytest.mark.slow
 def test_compiled_model_matches_eager():
     model = perturb(make('rd_attnres', S=3, dtype=torch.float32))
     idx, targets = batch()
@@ -756,6 +757,7 @@ def test_two_phase_read_is_the_plain_read(mode):
         assert_same_function_and_gradients(plain, two, tol=1e-12, what=f'S={S}')
 
 
+@pytest.mark.slow
 def test_compiled_two_phase_read_is_the_eager_plain_read():
     # compiled, every block's phase 1 and every merge have one shape and reuse the same kernels: a later
     # block's (other parameters) and a short last block's must compute what the eager plain read does

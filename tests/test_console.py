@@ -58,6 +58,7 @@ def tracked(run_dir):
     return runs, history
 
 
+@pytest.mark.slow
 def test_wandb_records_the_log_and_a_resume_continues_the_same_run(data_dir, tmp_path):
     out = str(tmp_path / 'rd_s3')
     env_args = ['--wandb_log=True', '--residual=rd_attnres', '--seed=3', '--max_iters=4', '--lr_decay_iters=6']
@@ -89,6 +90,7 @@ def test_wandb_records_the_log_and_a_resume_continues_the_same_run(data_dir, tmp
     assert sorted(s for s in resumed if 'train/loss' in resumed[s]) == [5, 6]
 
 
+@pytest.mark.slow
 def test_the_console_is_a_short_summary_with_an_eta(data_dir, tmp_path):
     p = run(['--max_iters=4', '--lr_decay_iters=4'], data_dir, str(tmp_path / 'run'))   # the console of a process of its own
     head = p.stdout.split('step 0:')[0]

@@ -15,12 +15,14 @@ import torch
 import compare
 import prepare
 from run_kit import run_files
-from helpers import DOCS, HERE, TINY, limit_file_size, logged_steps, python, read_log, run, run_here, sample_here, start, write_jsonl
+from helpers import (DOCS, HERE, TINY, command, default_ctrl_c, limit_file_size, logged_steps, python, read_log, run, run_here,
+                     sample_here, start, write_jsonl)
 
 
 # ---------------------------------------------------------------------------------------------
 # Runs and data never mixed
 
+@pytest.mark.slow
 def test_a_second_run_into_a_busy_out_dir_is_refused(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     first = start(['--max_iters=60', '--log_interval=5', '--eval_interval=30', '--seed=1'], data_dir, out)
@@ -129,6 +131,7 @@ class Payload:
         return (open, (self.path, 'w'))
 
 
+@pytest.mark.slow
 def test_a_planted_pickle_is_refused_and_never_runs(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
@@ -165,6 +168,7 @@ def test_weights_shared_as_safetensors_sample_like_the_checkpoint(data_dir, tmp_
 # A full disk: a file size limit makes the write fail as ENOSPC would (EFBIG), without a tmpfs
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
@@ -233,6 +237,7 @@ def test_more_bad_input_is_a_message(data_dir, tmp_path):
         prepare.main(['--input', str(tmp_path / 'n.jsonl'), '--data_dir', str(tmp_path / 'data'), '--num_proc', '1'])
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_a_message(data_dir, tmp_path):
     proc = start(['--max_iters=200', '--log_interval=5'], data_dir, str(tmp_path / 'run'))
     deadline = time.time() + 300
@@ -244,23 +249,58 @@ def test_ctrl_c_is_a_message(data_dir, tmp_path):
     assert proc.returncode != 0 and 'interrupted (Ctrl-C)' in stderr and 'Traceback' not in stderr, stderr[-1500:]
 
 
+# train.py in a process whose second checkpoint write, and the removal of its partial file, each wait for the test:
+# the two Ctrl-Cs then come exactly where they are meant to, whatever the machine's load
+AT_EVENTS = """
+import os, runpy, sys, time
+import torch
+events = os.environ['CTRL_C_EVENTS']
+def mark(name):
+    open(os.path.join(events, name), 'w').close()
+def wait_for(name):
+    while not os.path.exists(os.path.join(events, name)):
+        time.sleep(0.01)
+real_save, real_remove, saves = torch.save, os.remove, []
+def save(obj, f, *args, **kwargs):
+    real_save(obj, f, *args, **kwargs)
+    saves.append(f)
+    if len(saves) == 2:            # the second checkpoint: written to its temporary file, not yet renamed
+        mark('writing')
+        wait_for('first sent')     # (the first Ctrl-C lands here)
+def remove(path, *args, **kwargs):
+    if str(path).endswith('ckpt.pt.tmp'):
+        mark('removing')           # the partial file is being removed: the second Ctrl-C lands here
+        wait_for('second sent')
+    return real_remove(path, *args, **kwargs)
+torch.save, os.remove = save, remove
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))   # as `python train.py` would have it
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.slow
 def test_ctrl_c_twice_during_a_checkpoint_write_is_one_message(data_dir, tmp_path):
-    # the second Ctrl-C 10 ms after the first, both while the checkpoint is written (a wide model: ~160 MB to
-    # write): it ended in a raw traceback from an exit handler, and left the partial ckpt.pt.tmp behind
-    out = tmp_path / 'run'
-    args = ['--n_embd=256', '--max_iters=6', '--eval_interval=2', '--lr_decay_iters=6']
-    proc = start(args, data_dir, str(out))
-    tmp, deadline = out / 'ckpt.pt.tmp', time.time() + 300
-    while not ((out / 'ckpt.pt').exists() and tmp.exists()):         # the second checkpoint's write has begun
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.0005)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    # the first Ctrl-C while the second checkpoint is written, the second while its partial file is removed:
+    # it ended in a raw traceback, or left the partial ckpt.pt.tmp behind
+    out, events = tmp_path / 'run', tmp_path / 'events'
+    events.mkdir()
+    (tmp_path / 'at_events.py').write_text(AT_EVENTS)
+    args = ['--max_iters=6', '--eval_interval=2', '--lr_decay_iters=6']
+    proc = subprocess.Popen([sys.executable, str(tmp_path / 'at_events.py'), *command(args, data_dir, str(out))[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, preexec_fn=default_ctrl_c,
+                            env=dict(os.environ, OMP_NUM_THREADS='1', CTRL_C_EVENTS=str(events)))
+    for event, sent in (('writing', 'first sent'), ('removing', 'second sent')):
+        deadline = time.time() + 300
+        while not (events / event).exists():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        (events / sent).touch()
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and 'interrupted (Ctrl-C): the last checkpoint' in stderr, stderr[-2000:]
     assert 'Traceback' not in stderr and 'Exception ignored' not in stderr, stderr[-2000:]
-    assert not tmp.exists() and run_files.checkpoint_progress(str(out / 'ckpt.pt')) in ((2, 6), (4, 6))
+    assert not (out / 'ckpt.pt.tmp').exists() and run_files.checkpoint_progress(str(out / 'ckpt.pt')) == (2, 6)
     run_here([*args, '--init_from=auto'], data_dir, str(out))               # and the run carries on to its end
     assert sorted(read_log(str(out))[1]) == [0, 2, 4, 6]
 
@@ -314,6 +354,7 @@ def test_compare_says_what_one_pair_and_two_shapes_mean(tmp_path, capsys):
         compare.main([str(other / '*')])
 
 
+@pytest.mark.slow
 def test_no_broadcast_buffers_warning_under_torchrun(data_dir, tmp_path):
     torchrun = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
     p = run(['--max_iters=1', '--eval_interval=1'], data_dir, str(tmp_path / 'run'), launcher=torchrun)

@@ -75,6 +75,7 @@ def test_evaluation_reads_back_once_whatever_the_number_of_batches(data_dir, tmp
 # ---------------------------------------------------------------------------------------------
 # 3. Static shapes: one graph for training, one for evaluation, no recompile, even with a ragged eval
 
+@pytest.mark.slow
 @pytest.mark.parametrize('depth_read', ['plain', 'two_phase'])
 def test_compiled_run_with_a_ragged_evaluation_compiles_each_graph_once(data_dir, tmp_path, monkeypatch, depth_read):
     # plain: the whole model, one graph each; two_phase: one region that both AttnRes blocks of the tiny model
@@ -167,6 +168,7 @@ def test_auto_dtype_takes_fp16_where_bf16_would_only_be_emulated(monkeypatch):
     assert common.resolve_dtype('auto', 'cpu') == ('float32', torch.float32)
 
 
+@pytest.mark.slow
 def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, tmp_path):
     torchrun = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
     # 256 tokens per step over 2 processes = 4 windows of 32 each: batch_size 3 cannot split them

@@ -9,8 +9,11 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from helpers import HERE, assert_same_run, command, run
 
+pytestmark = pytest.mark.slow   # two torchrun agents a test: the full suite only (README, "Tests")
 ONE_NODE = (sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2')
 ARGS = ['--init_from=auto', '--lr_decay_iters=4']
 

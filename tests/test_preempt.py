@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from run_kit import run_control, run_files
@@ -36,6 +37,7 @@ def worker_pids(agent_pid):
 # ---------------------------------------------------------------------------------------------
 # 1. A clean exit under torchrun
 
+@pytest.mark.slow
 def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
     # Rank 0 writes the last checkpoint while the others are done: without the final barrier a rank
     # could tear its process group down under it and abort (SIGABRT), about 1 run in 5 here. A model
@@ -47,6 +49,7 @@ def test_torchrun_exits_zero_every_time(data_dir, tmp_path):
         assert p.returncode == 0, f"attempt {attempt}: exit {p.returncode}\n{p.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutdown(data_dir, tmp_path):
     # A gloo thread still alive while the interpreter shuts down can abort a run that went well (SIGABRT after
     # the last evaluation, rarely, under load). DDP imports torch._dynamo, which, imported after the process
@@ -131,6 +134,7 @@ def preempt(out_dir, after, send, launcher=(sys.executable,), data_dir=None):
     return step, proc.returncode, stdout
 
 
+@pytest.mark.slow
 def test_signals_checkpoint_at_the_next_log_step_and_resume_is_exact(data_dir, tmp_path):
     out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
     first, code, stdout = preempt(out, 5, lambda p: p.send_signal(signal.SIGTERM), data_dir=data_dir)
@@ -143,6 +147,7 @@ def test_signals_checkpoint_at_the_next_log_step_and_resume_is_exact(data_dir, t
     assert_same_run(out, full)
 
 
+@pytest.mark.slow
 def test_two_processes_stop_together_whoever_gets_the_signal(data_dir, tmp_path):
     out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
     # SIGTERM to torchrun, which forwards it to both ranks (torchrun itself then exits non-zero)
@@ -164,6 +169,7 @@ def test_the_signal_handlers_are_given_back(data_dir, tmp_path):
     assert {sig: signal.getsignal(sig) for sig in run_control.STOP_SIGNALS} == before
 
 
+@pytest.mark.slow
 def test_the_world_sizes_a_run_used_are_in_its_config(data_dir, tmp_path):
     # 2 processes to a checkpoint, continued on 1: the same batches (the data order does not depend on the
     # number of processes), and config.json says both, with the step each began at

@@ -224,6 +224,7 @@ def test_a_torn_last_line_is_set_aside_before_the_next_row(data_dir, runs, tmp_p
     assert [r['step'] for r in run_files.read_log(str(log))][-2:] == [4, 5] and aside.read_bytes().count(b'\n') == 2
 
 
+@pytest.mark.slow
 def test_eval_only_from_a_checkpoint_holds_the_out_dir(data_dir, runs, tmp_path):
     # it appends to the log (and repairs its tail): a writer, so not while another process writes there
     out = copy_run(runs, 'finished', tmp_path)
@@ -407,6 +408,7 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(data_
 # ---------------------------------------------------------------------------------------------
 # What a run writes: messages that claim a file say so only when it is there; nothing removed unasked
 
+@pytest.mark.slow
 def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoint_says(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     args = ['--max_iters=400', '--lr_decay_iters=400', '--log_interval=5', '--eval_interval=5',
@@ -423,6 +425,7 @@ def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoi
     assert f'resumed at step {stopped}' in resumed.stdout
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
@@ -463,6 +466,7 @@ def test_free_space_is_measured_once_the_partial_checkpoint_is_gone(tmp_path, mo
     assert 'the partial file was removed' in text and os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_logging_is_a_message(data_dir, tmp_path):
     out = tmp_path / 'run'
     cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
@@ -489,6 +493,7 @@ def test_auto_never_removes_a_finished_run_whose_checkpoint_is_gone(data_dir, ru
     assert train_here(data_dir, out, '--init_from=scratch', '--overwrite=True') == 0   # told to: replaced
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_starts_again(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     proc = start(['--max_iters=400', '--lr_decay_iters=400', '--eval_interval=200', '--log_interval=1'], data_dir, out)
@@ -522,6 +527,7 @@ def test_a_kill_between_the_final_checkpoint_and_its_row_is_completed(data_dir, 
     assert json.loads(log.read_text().split('\n')[-2])['val_loss'] == json.loads(rows[-1])['val_loss']
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_first_checkpoint_advises_what_then_works(data_dir, tmp_path):
     # the log step's row at the first checkpoint's step is appended before the save that fails: auto must not
     # take it for a run that got past a checkpoint that is gone (it refused, and only --overwrite got on)

@@ -77,6 +77,7 @@ def test_the_divergence_message_names_what_was_non_finite():
     assert 'non-finite gradient norm at step 4 (the training loss was finite)' in message and 'noticed at step 10' in message
 
 
+@pytest.mark.slow
 def test_a_torn_last_log_line_is_dropped_on_resume(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     args = ['--max_iters=4', '--lr_decay_iters=8', '--eval_interval=2']

@@ -186,6 +186,7 @@ def test_arms_whose_windows_differ_at_a_step_no_row_logs_are_not_paired(data_dir
     assert refused == [] and [p['seed'] for p in results[0]['pairs']] == [3]
 
 
+@pytest.mark.slow
 @pytest.mark.assignment4
 def test_ddp_on_two_processes_equals_one_process_with_accumulation(data_dir, tmp_path):
     args = ['--residual=rd_attnres', '--batch_size=2', '--max_iters=3', '--eval_interval=3']
@@ -314,6 +315,7 @@ def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     assert bad.returncode != 0 and 'no checkpoint' in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_compiled_two_phase_run_trains_what_the_eager_plain_read_trains(data_dir, tmp_path):
     # compile=True with depth_read='two_phase' (one compiled region per AttnRes block, S = 3 over 4 sublayers:
     # a block opening on attention, a short one opening on an MLP) against the eager plain read: the same
