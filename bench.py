@@ -35,8 +35,8 @@ import torch
 from fast_read.two_phase_read import compile_model
 from model import RESIDUAL_MODES
 from prepare import VOCAB_SIZE
-from run_kit.common import (H100_PEAK_FLOPS, build_model, detect_peak_flops, resolve_device, resolve_dtype,
-                            tune_cpu_allocator)
+from run_kit.common import H100_PEAK_FLOPS, build_model
+from run_kit.run_control import detect_peak_flops, resolve_device, resolve_dtype, tune_cpu_allocator
 
 DEFAULTS = dict(
     modes=','.join(RESIDUAL_MODES),   # the modes to measure, comma-separated: every mode of model.py
@@ -117,7 +117,7 @@ def bench_data(cfg):
     are an untouched in-memory array of data_windows windows (its pages read as zeros without any I/O),
     i.e. a token file already in the page cache: what is timed is the loop's own work, not the disk."""
     import numpy as np
-    from run_kit.common import get_windows
+    from train import get_windows
     from train import step_windows
     T, B, world = cfg['block_size'], cfg['batch_size'], cfg['data_ranks']
     windows_per_step = 2 ** 19 // T

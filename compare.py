@@ -28,7 +28,7 @@ import os
 import sys
 
 from model import ATTENTION_ROUTES
-from run_kit.common import FROZEN_ON_RESUME
+from run_kit.common import FROZEN_ON_RESUME, GROUP_KEYS
 from run_kit.run_files import (LOG, RunFileError, atomic_write, describe_divergence, divergence_of, logged_evals,
                                read_config, read_log)
 
@@ -47,7 +47,6 @@ ARM_ORDER = ['attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v',
 # what must be equal within a pair, besides the seed; residual is what differs
 FROZEN = tuple(k for k in FROZEN_ON_RESUME + ('max_iters', 'eval_tokens', 'block_size', 'dtype')
                if k not in ('residual', 'seed'))
-GROUP_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'max_iters')
 
 
 # -----------------------------------------------------------------------------
@@ -164,6 +163,7 @@ def skipped_lines(skipped):
 
 
 def group_label(config):
+    """A comparison (a GROUP_KEYS group) as its table heading says it: shape, steps and tokens."""
     tokens = config['max_iters'] * config['total_batch_size']
     return f"{config['n_layer']}x{config['n_embd']} ({config['n_layer']} layers, d={config['n_embd']}), " \
            f"{config['max_iters']} steps = {tokens / 1e6:,.1f}M tokens"

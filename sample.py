@@ -23,7 +23,8 @@ import torch
 
 from model import GPT
 from prepare import InputError, gpt2_encoding
-from run_kit.common import MODEL_KEYS, check_device
+from run_kit.common import MODEL_KEYS
+from run_kit.run_control import check_device
 from run_kit.routing import source_labels
 from run_kit.run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
                                renamed_keys, write_failed)

@@ -45,9 +45,10 @@ import sys
 from dataclasses import dataclass, field
 
 from configurator import configure
-from run_kit.common import FROZEN_ON_RESUME, build_model, schedule_length
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
-                               existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log)
+from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, build_model
+from run_kit.run_dir import existing_run, is_finished, killed_before_first_checkpoint
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence,
+                               divergence, read_config, read_log, schedule_length)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -122,7 +123,7 @@ def cpu_plan():
 # The time estimate's default assumptions per plan: (devices per run, peak FLOP/s of one, MFU). The paper's
 # on 8 H100 SXM (989 TFLOP/s bf16 dense) at 40%; the CPU study's is the throughput its float32 runs reach
 # on two CPU cores (docs/results.md), counted as 100% of an effective peak.
-ESTIMATE = {'paper': (8, 989e12, 0.4), 'cpu': (1, 130e9, 1.0)}
+ESTIMATE = {'paper': (8, H100_PEAK_FLOPS, 0.4), 'cpu': (1, 130e9, 1.0)}
 # name -> (runs, report file relative to the root, where a folder's JSON and plots go)
 PLANS = {
     'paper': (paper_plan, 'out/report.md', lambda folder: ('out/results.json', 'out/plots')),
@@ -557,7 +558,7 @@ def main(argv):
     run_ap.add_argument('--extra', default='', help="overrides added to every run, e.g. '--compile=False'")
     run_ap.add_argument('--dry_run', action='store_true', help='list the queue, what is done, and a time estimate')
     run_ap.add_argument('--gpus', type=int, help='for the estimate: devices per run (paper: 8)')
-    run_ap.add_argument('--peak_flops', type=float, help='for the estimate: peak FLOP/s of one (paper: 989e12, H100 SXM bf16)')
+    run_ap.add_argument('--peak_flops', type=float, help=f'for the estimate: peak FLOP/s of one (paper: {H100_PEAK_FLOPS:g}, H100 SXM bf16)')
     run_ap.add_argument('--mfu', type=float, help='for the estimate: the model FLOPs utilisation assumed (paper: 0.4)')
     run_ap.add_argument('--no_report', action='store_true', help='do not write the report at the end (e.g. on nodes > 0)')
     run_ap.add_argument('--overwrite', action='store_true',

@@ -7,22 +7,19 @@ DDP on 8 GPUs of one node (docs/training.md for several nodes):
 The paired protocol (docs/training.md, "Paired seeds"): for one `seed`, every arm starts from the same
 values of the parameters it shares with the others and trains on the same windows at every step, on any
 number of processes and with any micro-batch size that divides the batch. Its pieces (a bare name is here):
-  - the seeded initialisation: torch.manual_seed(seed) before the model is built (start_run); model.py
-    draws random numbers for the same weights in every mode
-  - count_windows, batch_arithmetic: train.bin's n_windows and M = total_batch_size / block_size windows a step
-  - window_order(n_windows, seed, epoch), step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs'
-    permutations in turn; train gives each rank its grad_accum * batch_size of them
-  - the fingerprints: common.windows_hash of a step's windows (training rows); common.windows_digest of every
-    step's windows so far (every row, and the checkpoint: Run.save, run_dir.start_run)
+  - the initialisation: torch.manual_seed(seed) before the model is built (start_run), the same in every mode
+  - window_order, step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs' permutations in turn
+    (count_windows, batch_arithmetic: n_windows, M); train gives each rank grad_accum * batch_size of them
+  - get_windows (tensors); the fingerprints windows_hash (a step's) and windows_digest (every step's so far)
   - the check: compare.pair_problem (the frozen keys, compare.FROZEN) and compare.data_problem (the digests)
 
-Reading order: step_windows, train_step, train. What surrounds the loop is in run_kit/: run_dir.start_run,
-the one door to a run (its out_dir claimed, its checkpoint loaded, its record begun), run_files.py (the
-files), run_control.py (the guards: configuration, signals, Ctrl-C, divergence, processes), console.py.
-Every collective of a step is here: DDP's gradient all-reduce, and at log steps Run.agree and the loss's.
+Reading order: step_windows, train_step, train. Around the loop, in run_kit/: run_dir.start_run, the one door
+to a run (out_dir claimed, checkpoint loaded, record begun); run_control (this process, the guards). Every
+collective of a training step is here: DDP's gradient all-reduce; at log steps Run.agree's and the loss's.
 """
 
 import functools
+import hashlib
 import math
 import sys
 import time
@@ -34,16 +31,16 @@ exit_on_help(__name__, __file__, "docs/training.md; README's Quickstart")   # -h
 import numpy as np
 import torch
 
-# what the lesson is made of: the model, the data, the windows of a step and their fingerprints
+# what the lesson is made of: the model and the data
 from model import GPT
 from prepare import read_dataset
-from run_kit.common import build_model, get_windows, windows_digest, windows_hash
+from run_kit.common import build_model
 # machinery a reader may skip: how a run starts and what it records (run_dir: the one door), the guards around
 # the loop (run_control: signals, Ctrl-C, divergence, processes), the run's files, the console, the devices
 from fast_read.two_phase_read import compile_model
 from run_kit import console, run_control, run_dir, run_files
-from run_kit.common import detect_peak_flops, fail, resolve_dtype, tune_cpu
-from run_kit.routing import routing_log
+from run_kit.common import fail
+from run_kit.routing import record_routing
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -61,7 +58,7 @@ log_routing = True          # depth distributions of the first validation batch 
 wandb_log = False           # also send what log.jsonl gets to Weights & Biases (rank 0; `pip install wandb`)
 wandb_project = 'rd-attnres'
 wandb_run_name = ''         # '' = the out_dir's name, e.g. rd_120m_s1
-wandb_group = ''            # '' = the comparison: shape and budget, e.g. 12x768_1024ctx_3815steps
+wandb_group = ''            # '' = the comparison: shape and budget, e.g. 12x768h12_1024ctx_3815steps
 # data
 dataset = 'tiny'            # data/<dataset>/{train,val}.bin, written by prepare.py
 data_dir = 'data'
@@ -128,35 +125,46 @@ def step_windows(step, n_windows, windows_per_step, seed):
     return out
 
 
+def get_windows(data, windows, block_size):
+    """(x, y) int64 tensors for window indices (nanoGPT's get_batch): window i is tokens [i*T, i*T + T + 1), y is
+    x shifted by one. Index -1 is a padding row (x = 0, y = -1: cross_entropy's ignore_index, never scored)."""
+    rows = np.full((len(windows), block_size + 1), -1, dtype=np.int64)
+    for r, i in enumerate(windows):
+        if i >= 0:
+            rows[r] = data[i * block_size:i * block_size + block_size + 1]
+    rows = torch.from_numpy(rows)
+    return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
+
+
+# The order's fingerprints: windows_hash, a step's (its training row); windows_digest, chained over every step's
+# since DIGEST_START (every row, the checkpoint): one digest at step s = the same windows at every step before s
+DIGEST_START = '0' * 16
+
+
+def windows_hash(windows):
+    return hashlib.sha1(np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:12]
+
+
+def windows_digest(digest, windows):
+    return hashlib.sha1(digest.encode() + np.asarray(windows, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
 def batch_arithmetic(cfg, world, master):
     """(grad_accum, M): micro-steps per process, and windows per step (all ranks), M = total_batch_size /
     block_size. A total_batch_size that does not split into world x batch_size x block_size is refused."""
     T, B, total = cfg['block_size'], cfg['batch_size'], cfg['total_batch_size']
-    if total % (B * T * world) == 0:
-        return total // (B * T * world), total // T
-    if total % (T * world) != 0:
-        fail(f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: "
-             "no batch_size can split it evenly; change total_batch_size or the number of processes", master)
-    per_rank = total // (T * world)  # windows per process per step
-    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
-    fail(f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = "
-         f"{B} * {T} * {world}; with {world} processes, batch_size={fits} works "
-         f"({per_rank // fits} micro-steps of {fits} x {T} tokens per process)", master)
+    if total % (B * T * world):
+        fail(run_control.uneven_batch(total, B, T, world), master)   # (it names a batch_size that works)
+    return total // (B * T * world), total // T
 
 
 def count_windows(cfg, master, windows_per_step, train_data, val_data):
     """(n_windows, n_eval): train.bin's windows (window i: tokens [i*T, i*T + T + 1)) and those of val.bin's
-    first eval_tokens, refused when too few."""
+    first eval_tokens, refused when there is not one step or one validation window."""
     T, tokens = cfg['block_size'], cfg['eval_tokens']
     n_windows, n_eval = (len(train_data) - 1) // T, min((len(val_data) - 1) // T, tokens // T if tokens else 1 << 62)
-    if n_windows < windows_per_step:
-        fail(f"train.bin holds {len(train_data)} tokens, fewer than one step of {cfg['total_batch_size']}: "
-             "prepare more data or lower total_batch_size", master)
-    if n_eval < 1:
-        fail(f"eval_tokens={tokens} is less than one block of block_size={T} tokens: raise eval_tokens (0 = all of "
-             f"val.bin, {len(val_data):,} tokens)" if tokens and len(val_data) > T else f"val.bin holds "
-             f"{len(val_data)} tokens, fewer than one block of {T}: prepare more validation data or lower block_size",
-             master)
+    if n_windows < windows_per_step or n_eval < 1:
+        fail(run_control.too_few_windows(cfg, len(train_data), len(val_data), n_windows < windows_per_step), master)
     return n_windows, n_eval
 
 
@@ -203,9 +211,8 @@ def main(argv):
 
 @torch.no_grad()
 def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc, ctx):
-    """Mean NLL over the fixed validation windows (ranks split them, the sums are reduced) and, on
-    rank 0, the routing diagnostics of the windows routing_windows. The sums stay on the device: one
-    read-back at the end, not one per batch."""
+    """Mean NLL over the fixed validation windows (ranks split them, the sums are reduced; one read-back at the
+    end, not one per batch) and, on rank 0, the routing diagnostics of the windows routing_windows."""
     T, dev = cfg['block_size'], proc.device
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
@@ -220,11 +227,7 @@ def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc
     routing = None
     if cfg['log_routing'] and proc.master and cfg['residual'] != 'standard':
         x, y = get_windows(val_data, routing_windows, T)
-        raw_model.record_routing = True    # the plain module: recording is Python work, kept out of the graph
-        with ctx:
-            raw_model(x.to(dev), y.to(dev))
-        raw_model.record_routing = False
-        routing = routing_log(raw_model.routing)
+        routing = record_routing(raw_model, x.to(dev), y.to(dev), ctx)   # (the plain module: no graph to break)
     model.train()
     return (total[0] / total[1]).item(), routing
 
@@ -282,7 +285,7 @@ class Run:
     val_batches: list
     routing_windows: list
     first_nonfinite: torch.Tensor   # (loss, norm) steps, then values: the first non-finite on this rank, -1 = never
-    data_digest: str                # every step's windows so far (common.windows_digest)
+    data_digest: str                # every step's windows so far (windows_digest)
 
     def agree(self, step, stop_requested):
         """One all-reduce, where the loop reads the device anyway: stop (recorded) if any rank's loss or norm went
@@ -299,9 +302,9 @@ class Run:
         val_loss, routing = evaluate(self.compiled_model, self.raw_model, self.val_data, self.val_batches,
                                      self.routing_windows, cfg, self.proc, self.ctx)
         if not math.isfinite(val_loss):   # (recorded in the log as a divergence: a result, for study.py)
-            kept = run_files.kept_checkpoint(self.record.ckpt_path)
             run_control.stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
-                                      f"{kept}", step, 'validation loss', step, str(val_loss), self.record.ckpt_path, master)
+                                      f"{run_files.kept_checkpoint(self.record.ckpt_path)}", step, 'validation loss',
+                                      step, str(val_loss), self.record.ckpt_path, master)
         if master:
             print(f"step {step}: val loss {val_loss:.4f}" + (' (eval_only: nothing trained or saved)'
                                                              if cfg['eval_only'] else ''), flush=True)
@@ -320,15 +323,10 @@ class Run:
                               rng=run_files.rng_states(), data_digest=self.data_digest))
 
 
-def start_run(cfg, proc, peak):
-    """Everything before the first step: precision, the data and its arithmetic, the model built (the pairing's
-    initialisation), then run_dir.start_run (the out_dir claimed, the checkpoint loaded, the record begun),
-    compiled, wrapped. Returns the run, where it starts (run_dir.Start) and the data order's arithmetic."""
-    dt_name, ptdtype = resolve_dtype(cfg['dtype'], proc.device_type)
-    cfg['dtype_resolved'] = dt_name     # frozen on resume: 'auto' may mean bf16 on one machine, fp16 on another
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=ptdtype)
-    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.read_sources)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+def start_run(cfg, proc):
+    """Everything before the first step: the data and its arithmetic, the model built (the pairing's initialisation),
+    run_dir.start_run, compiled, wrapped. Returns the run, where it starts (run_dir.Start) and the arithmetic."""
+    ctx = nullcontext() if proc.dtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=proc.dtype)
     grad_accum, windows_per_step = batch_arithmetic(cfg, proc.world, proc.master)
     train_data, val_data, cfg['data_id'] = read_dataset(cfg['data_dir'], cfg['dataset'])   # verified (prepare.py)
     n_windows, n_eval = count_windows(cfg, proc.master, windows_per_step, train_data, val_data)
@@ -337,10 +335,11 @@ def start_run(cfg, proc, peak):
     raw_model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
     optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
                                                proc.device_type)
-    scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'], enabled=ptdtype == torch.float16)
-    start = run_dir.start_run(cfg, proc, raw_model, optimizer, scaler,
-                              lambda s: step_windows(s, n_windows, windows_per_step, cfg['seed']),
-                              dict(grad_accum=grad_accum, train_tokens=len(train_data), eval_windows=n_eval), peak)
+    scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'], enabled=proc.dtype == torch.float16)
+    digest_at = lambda step: functools.reduce(   # the digest of steps 0 .. step-1, rebuilt from the order
+        windows_digest, (step_windows(s, n_windows, windows_per_step, cfg['seed']) for s in range(step)), DIGEST_START)
+    start = run_dir.start_run(cfg, proc, raw_model, optimizer, scaler, digest_at,
+                              dict(grad_accum=grad_accum, train_tokens=len(train_data), eval_windows=n_eval))
     # compile: two_phase, one region per AttnRes block, else the whole model (docs/performance.md)
     compiled_model = compile_model(raw_model) if cfg['compile'] else raw_model
     run = Run(cfg=cfg, proc=proc, ctx=ctx, raw_model=raw_model, compiled_model=compiled_model,
@@ -353,10 +352,8 @@ def start_run(cfg, proc, peak):
 
 def train(cfg, proc):
     """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
-    tune_cpu(cfg, proc.device_type)   # on CPU: threads and allocator
-    peak = cfg['peak_flops'] or detect_peak_flops(proc.device)   # for MFU (0: unknown, no MFU)
-    run, start, (train_data, n_windows, windows_per_step, grad_accum) = start_run(cfg, proc, peak)
-    step, best_val, resumed, B = start.step, start.best_val, start.resumed, cfg['batch_size']
+    run, start, (train_data, n_windows, windows_per_step, grad_accum) = start_run(cfg, proc)
+    step, best_val, resumed, B, T = start.step, start.best_val, start.resumed, cfg['batch_size'], cfg['block_size']
     if start.todo != 'train':   # eval_only, or a finished run (its final row, if a kill came before it)
         if start.todo == 'evaluate':
             run.evaluate_log_save(step, float('inf'), False, resumed)
@@ -370,8 +367,7 @@ def train(cfg, proc):
             lr = get_lr(step, cfg)
             for group in run.optimizer.param_groups:
                 group['lr'] = lr
-            # the paired data order: the whole step's M windows (the same for every arm and any number of
-            # processes), then this rank's share of them
+            # the paired data order: the step's M windows (the same for every arm and world size), then this rank's
             windows = step_windows(step, n_windows, windows_per_step, cfg['seed'])
             run.data_digest = windows_digest(run.data_digest, windows)   # chained with every step's before
             rank_windows = windows[proc.rank * grad_accum * B:(proc.rank + 1) * grad_accum * B]
@@ -387,8 +383,8 @@ def train(cfg, proc):
                     torch.distributed.all_reduce(loss_mean)   # the step's loss: the mean of the ranks' means
                 t_now = time.time()
                 dt, norm_value = (t_now - t_last) / (step - t_last_step), norm.item()
-                mfu = (run.raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, peak, cfg['block_size'])
-                       if peak and t_last_step != start_step else None)   # (the first interval holds compilation)
+                mfu = (run.raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, proc.peak_flops, T) if
+                       proc.peak_flops and t_last_step != start_step else None)   # (the first interval: compilation)
                 row = dict(step=step, tokens=step * cfg['total_batch_size'], train_loss=loss_mean.item() / proc.world,
                            lr=lr, norm=norm_value if math.isfinite(norm_value) else None, dt=dt,
                            tok_per_s=cfg['total_batch_size'] / dt, mfu=mfu, data_hash=windows_hash(windows),
@@ -400,7 +396,7 @@ def train(cfg, proc):
             if step % cfg['eval_interval'] == 0 or step == cfg['max_iters']:
                 # a stop by signal always checkpoints, whatever always_save_checkpoint says: that is its point
                 best_val = min(best_val, run.evaluate_log_save(
-                    step, best_val, cfg['always_save_checkpoint'] or stopping or step == cfg['max_iters'], resumed))
+                    step, best_val, run_dir.saves_checkpoint(step, cfg) or stopping, resumed))
                 t_last, t_last_step = time.time(), step   # the evaluation's time is not training time
             elif stopping:
                 run.save(step, best_val)

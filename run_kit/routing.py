@@ -62,3 +62,13 @@ def routing_log(routing):
     return dict(summary=routing_summary(routing),
                 alpha=[dict(sublayer=r['sublayer'], layer=r['layer'], route=r['route'],
                             alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in routing])
+
+
+def record_routing(raw_model, x, y, ctx):
+    """routing_log of one batch's reads, recorded on the plain module (raw_model): recording is Python work,
+    kept out of the compiled graph."""
+    raw_model.record_routing = True
+    with ctx:
+        raw_model(x, y)
+    raw_model.record_routing = False
+    return routing_log(raw_model.routing)

@@ -1,6 +1,7 @@
 """
-The checks around train.py's loop (docs/run_safety.md): the configuration checked before anything is
-written, the process group, the stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
+This process and the checks around train.py's loop (docs/run_safety.md): the configuration checked before
+anything is written, the device and precision (also bench.py's and sample.py's), the process group, the
+stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
 None of it reads the device on a training step: the guards keep their flags on the device and the
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from run_kit.common import check_device, check_dtype, fail, model_problems
+from run_kit.common import H100_PEAK_FLOPS, fail, model_problems
 from run_kit.run_files import CHECKPOINT, kept_checkpoint, record_divergence
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
@@ -58,6 +59,31 @@ def validate(cfg):
         print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
               "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
     return device
+
+
+def uneven_batch(total, B, T, world):
+    """Why total_batch_size does not split into world x batch_size x block_size, and a batch_size that does."""
+    if total % (T * world) != 0:
+        return (f"total_batch_size={total} is not a multiple of block_size * world_size = {T} * {world}: no "
+                "batch_size can split it evenly; change total_batch_size or the number of processes")
+    per_rank = total // (T * world)  # windows per process per step
+    fits = max(b for b in range(1, min(B, per_rank) + 1) if per_rank % b == 0)
+    return (f"total_batch_size={total} must be divisible by batch_size * block_size * world_size = {B} * {T} * "
+            f"{world}; with {world} processes, batch_size={fits} works ({per_rank // fits} micro-steps of {fits} x "
+            f"{T} tokens per process)")
+
+
+def too_few_windows(cfg, train_tokens, val_tokens, train_short):
+    """Why the prepared data does not hold one training step (train_short) or one validation window."""
+    T, tokens = cfg['block_size'], cfg['eval_tokens']
+    if train_short:
+        return (f"train.bin holds {train_tokens} tokens, fewer than one step of {cfg['total_batch_size']}: prepare "
+                "more data or lower total_batch_size")
+    if tokens and val_tokens > T:
+        return (f"eval_tokens={tokens} is less than one block of block_size={T} tokens: raise eval_tokens (0 = all "
+                f"of val.bin, {val_tokens:,} tokens)")
+    return (f"val.bin holds {val_tokens} tokens, fewer than one block of {T}: prepare more validation data or "
+            "lower block_size")
 
 
 @contextmanager
@@ -219,6 +245,102 @@ class SkippedSteps:
 
 
 # -----------------------------------------------------------------------------
+# This process's device and precision
+
+def resolve_device(device):
+    """'auto' -> the best available: 'cuda', then Apple's 'mps', then 'cpu'; anything else as given."""
+    if device != 'auto':
+        return device
+    if torch.cuda.is_available():
+        return 'cuda'
+    return 'mps' if torch.backends.mps.is_available() else 'cpu'
+
+
+def check_device(device):
+    """resolve_device(device), refused with a message unless this machine has that device."""
+    device = resolve_device(device)
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        raise SystemExit(f"device={device!r} is not a device torch knows: use auto, cpu, cuda, cuda:N or mps") from None
+    if kind.type == 'cuda' and not torch.cuda.is_available():
+        problem = f"this machine has no CUDA GPU that torch can use (torch {torch.__version__})"
+    elif kind.type == 'cuda' and (kind.index or 0) >= torch.cuda.device_count():
+        problem = f"this machine has {torch.cuda.device_count()} CUDA GPUs (cuda:0 ...)"
+    elif kind.type == 'mps' and not torch.backends.mps.is_available():
+        problem = "this machine has no Apple GPU that torch can use (mps)"
+    elif kind.type not in ('cpu', 'cuda', 'mps'):
+        problem = "this project runs on cpu, cuda or mps"
+    else:
+        return device
+    raise SystemExit(f"device={device!r} but {problem}; use --device=auto or --device=cpu")
+
+
+DTYPES = ('float32', 'bfloat16', 'float16')   # and 'auto'
+
+
+def resolve_dtype(dtype, device_type):
+    """'auto' -> bfloat16 on GPUs that have it in hardware (Ampere and newer), float16 on older GPUs
+    (a V100 would only emulate bf16, slowly), float32 elsewhere. Returns (name, torch dtype)."""
+    if dtype == 'auto':
+        if device_type == 'cuda':
+            dtype = 'bfloat16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'float16'
+        else:
+            dtype = 'float32'
+    check_dtype(dtype)
+    return dtype, getattr(torch, dtype)
+
+
+def check_dtype(dtype):
+    """Refuse a dtype this project does not train in (before anything is written: run_control.validate)."""
+    if dtype not in ('auto', *DTYPES):
+        raise SystemExit(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+
+
+# dense bf16 peak FLOP/s of known GPUs, for MFU, matched in order against torch.cuda.get_device_name()
+# (the more specific names first: an "H100 PCIe" must not match "H100", which is the SXM part)
+GPU_PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', H100_PEAK_FLOPS), ('H200', H100_PEAK_FLOPS),
+                  ('H800', H100_PEAK_FLOPS), ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10G', 125e12),
+                  ('L4', 121e12), ('RTX 4090', 165e12), ('RTX 3090', 71e12), ('V100', 125e12))
+
+
+def detect_peak_flops(device):
+    """Peak FLOP/s of a CUDA device from its name; 0 when unknown (CPU, MPS, other GPUs)."""
+    if not str(device).startswith('cuda') or not torch.cuda.is_available():
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in GPU_PEAK_FLOPS if key in name), 0.0)
+
+
+def tune_cpu(cfg, device_type):
+    """On a CPU: torch's thread count (cfg['cpu_threads']; 0 leaves torch's default, one per core) and the
+    allocator (cfg['cpu_malloc_tuning']). A small model's matrices are too small for two threads to share
+    well: on a busy 2-core machine they wait for each other (docs/performance.md, "Threads for small models
+    on a CPU"). Nothing elsewhere."""
+    if device_type != 'cpu':
+        return
+    if cfg['cpu_threads']:
+        torch.set_num_threads(cfg['cpu_threads'])
+    if cfg['cpu_malloc_tuning']:
+        tune_cpu_allocator()
+
+
+def tune_cpu_allocator():
+    """glibc returns large freed blocks (here: the (B, T, vocab) logits and their gradient) to the OS
+    and then page-faults them back in on every step. Keeping them in the heap makes CPU training
+    faster (docs/performance.md, "CPU notes"); the same as MALLOC_MMAP_MAX_=0 and
+    MALLOC_TRIM_THRESHOLD_=<huge> in the environment. No effect (and no error) elsewhere."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+    except (OSError, AttributeError):
+        return False  # not glibc (macOS, Windows, musl)
+
+
+# -----------------------------------------------------------------------------
 # This process: alone, or one rank of torchrun's
 
 @dataclass
@@ -230,13 +352,14 @@ class ThisProcess:
     device: str        # 'cpu', 'cuda:3', 'mps'
     device_type: str   # 'cpu', 'cuda', 'mps'
 
-    @property
-    def master(self):  # rank 0 prints, logs and saves
-        return self.rank == 0
+    def __post_init__(self):
+        self.master = self.rank == 0   # rank 0 prints, logs and saves
+        self.dtype, self.peak_flops = None, 0.0   # what it computes in (start_processes), its peak FLOP/s (0: unknown)
 
 
 def start_processes(cfg, device):
-    """This process, on `device` (validate's): alone, or one rank of torchrun's, in its process group."""
+    """This process, on `device` (validate's): alone, or one rank of torchrun's, in its process group; its
+    precision (cfg['dtype_resolved']), its peak FLOP/s for MFU, and on a CPU its threads and allocator."""
     ddp = int(os.environ.get('RANK', -1)) != -1  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
     rank, local_rank, world = ((int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))
                                if ddp else (0, 0, 1))
@@ -248,11 +371,17 @@ def start_processes(cfg, device):
         # DDP imports torch._dynamo. Imported after the process group exists, it keeps the group, and gloo's three
         # threads, alive past destroy_process_group (torch 2.13): they are still there while the interpreter shuts
         # down, and a finished run can then abort (SIGABRT). Imported first, the group goes when the run leaves it.
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo as _dynamo  # noqa: F401  (binds only _dynamo: torch stays this module's)
         import datetime   # (a rank that waits longer than ddp_timeout for the others ends the run with an error)
         torch.distributed.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
                                              timeout=datetime.timedelta(seconds=cfg['ddp_timeout']))
-    return ThisProcess(ddp, rank, world, device, device_type)
+    tune_cpu(cfg, device_type)
+    # TF32 for the big matmuls of the backbone; the depth reads stay true float32 (model.read_sources)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    cfg['dtype_resolved'], dtype = resolve_dtype(cfg['dtype'], device_type)   # frozen on resume: 'auto' may mean
+    proc = ThisProcess(ddp, rank, world, device, device_type)                  # bf16 on one machine, fp16 on another
+    proc.dtype, proc.peak_flops = dtype, cfg['peak_flops'] or detect_peak_flops(device)
+    return proc
 
 
 def leave_process_group(proc):

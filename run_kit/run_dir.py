@@ -10,18 +10,17 @@ the checkpoint's step: what was logged after it is trained again, on the same wi
 on the CPU; on a GPU within what its kernels' nondeterminism allows, docs/gpus.md).
 """
 
-import functools
 import os
 import secrets
 import subprocess
 from dataclasses import dataclass
 
-from run_kit.common import DIGEST_START, FROZEN_ON_RESUME, fail, schedule_length, windows_digest
+from run_kit.common import FROZEN_ON_RESUME, fail, group_name
 from run_kit.console import print_run_summary
-from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RunFileError, append_log, check_tensors, existing_run,
-                               killed_before_first_checkpoint, load_checkpoint, lock_out_dir, read_config, remove_run_files,
-                               rewind_log, save_checkpoint, set_rng_states, stored_digest, write_config, write_failed,
-                               is_finished, renamed_keys)
+from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RUN_FILES, TORN, RunFileError, append_log, check_tensors,
+                               checkpoint_progress, load_checkpoint, lock_out_dir, logged_evals, read_config, read_log,
+                               renamed_keys, rewind_log, save_checkpoint, schedule_length, set_rng_states, stored_digest,
+                               write_config, write_failed)
 
 
 @dataclass
@@ -30,16 +29,16 @@ class Start:
     step: int           # the checkpoint's step; 0 from scratch
     best_val: float     # the best validation loss so far
     resumed: dict       # the checkpoint's configuration; {} from scratch
-    data_digest: str    # every step's windows before `step` (common.windows_digest)
+    data_digest: str    # every step's windows before `step` (train.windows_digest)
     record: object      # RunRecord: what rank 0 writes
     todo: str           # 'train'; 'evaluate' (eval_only, or the final row of a run killed before writing it); 'finished'
 
 
-def start_run(cfg, proc, model, optimizer, scaler, step_windows, meta, peak):
+def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
     """Start or resume the run of cfg in cfg['out_dir'], read top to bottom. model, optimizer and scaler are
-    built by train.py (the seeded initialisation); step_windows(s) is its data order, meta what the console
-    and config.json say of the batch and data (grad_accum, train_tokens, eval_windows), peak the FLOP/s for MFU.
-    Every refusal is a message before anything in out_dir is changed."""
+    built by train.py (the seeded initialisation); digest_at(step) is the data digest of steps 0 .. step-1 from
+    its data order; meta what the console and config.json say of the batch and data (grad_accum, train_tokens,
+    eval_windows). Every refusal is a message before anything in out_dir changes."""
     master, out_dir, ckpt_path = proc.master, cfg['out_dir'], os.path.join(cfg['out_dir'], CHECKPOINT)
 
     # 1. claim the out_dir: rank 0 looks, holds the lock if the run writes, and decides scratch or resume
@@ -55,11 +54,11 @@ def start_run(cfg, proc, model, optimizer, scaler, step_windows, meta, peak):
     if how == 'resume':
         read = lambda: load_checkpoint(ckpt_path)
         ckpt = read() if checkpoint_copies(out_dir, proc) else rank0_decides(read, proc)
-        started = dict(ckpt['config'], lr_decay_iters=schedule_length(ckpt['config']))
+        started = dict(ckpt['config'])
 
     # 3. fix the LR schedule's length (a resume keeps the checkpoint's unless given), then refuse a run whose frozen
     # settings changed: a resume, or a run killed before its first checkpoint started again (one check)
-    cfg['lr_decay_iters'] = cfg['lr_decay_iters'] or (started['lr_decay_iters'] if ckpt else cfg['max_iters'])
+    cfg['lr_decay_iters'] = (cfg['lr_decay_iters'] or started['lr_decay_iters']) if ckpt else schedule_length(cfg)
     changed = {k: (started.get(k), cfg.get(k)) for k in FROZEN_ON_RESUME
                if started and k in started and started.get(k) != cfg.get(k)}
     if changed and ckpt:
@@ -78,7 +77,7 @@ def start_run(cfg, proc, model, optimizer, scaler, step_windows, meta, peak):
         remove_run_files(out_dir)
 
     # 4. load: weights (checked against the model first), optimizer, scaler, random states, the data digest
-    step, best_val, digest = 0, float('inf'), DIGEST_START
+    step, best_val, digest = 0, float('inf'), None
     if ckpt:
         ckpt['model'] = renamed_keys(model, ckpt['model'])   # a checkpoint of an older version: today's names
         check_tensors(model, {k: (tuple(t.shape), t.dtype) for k, t in ckpt['model'].items()}, ckpt_path)
@@ -87,30 +86,89 @@ def start_run(cfg, proc, model, optimizer, scaler, step_windows, meta, peak):
         scaler.load_state_dict(ckpt['scaler'])
         set_rng_states(ckpt['rng'])
         step, best_val, digest = ckpt['step'], ckpt['best_val_loss'], ckpt.get('data_digest')
-        if digest is None:   # a checkpoint written before runs kept one: rebuilt from the order, one step at a time
-            digest = functools.reduce(windows_digest, map(step_windows, range(step)), DIGEST_START)
+    if digest is None:   # from scratch, or a checkpoint written before runs kept one: from the order
+        digest = digest_at(step)
 
-    # 5. what is left to do, said with the run's summary
+    # 5. what is left to do
     record, resumed = RunRecord(cfg, master), started if ckpt else {}
-    if master:
-        print_run_summary(cfg, model, meta['grad_accum'], proc, cfg['dtype_resolved'], meta['train_tokens'],
-                          meta['eval_windows'], step, peak)
     todo = 'evaluate' if cfg['eval_only'] else 'train'
     if ckpt and not cfg['eval_only'] and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
-        if step == started['max_iters'] and not is_finished(out_dir):   # killed between the final save and its row
+        killed = step == started['max_iters'] and not is_finished(out_dir)   # between the final save and its row
+        todo = 'evaluate' if killed else 'finished'
+        if killed:
             record.rewind(step)
-            todo = 'evaluate'
-        else:
-            todo = 'finished'
-            if master:
-                print(f"{out_dir}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to do, "
-                      "nothing written", flush=True)
 
-    # 6. begin the record of a run that trains: the log rewound to the checkpoint, wandb, config.json
+    # 6. begin the record of a run that trains: the log rewound to the checkpoint, wandb, config.json; then say it
     if todo == 'train':
         record.start(step, resumed, proc, dict(meta, n_params=model.get_num_params()))
+    if master:
+        print_run_summary(cfg, model, meta['grad_accum'], proc, cfg['dtype_resolved'], meta['train_tokens'],
+                          meta['eval_windows'], step, proc.peak_flops)
+        if todo == 'finished':
+            print(f"{out_dir}: already finished at step {step} (max_iters={cfg['max_iters']}); nothing to do, "
+                  "nothing written", flush=True)
     return Start(step=step, best_val=best_val, resumed=resumed, data_digest=digest, record=record, todo=todo)
 
+
+# -----------------------------------------------------------------------------
+# What out_dir holds
+
+def existing_run(out_dir):
+    """What a run left in out_dir, with sizes (empty if nothing)."""
+    return [f"{name} ({os.path.getsize(os.path.join(out_dir, name)):,} bytes)" for name in (*RUN_FILES, TORN)
+            if os.path.exists(os.path.join(out_dir, name))]
+
+
+def remove_run_files(out_dir, suffix=''):
+    """Remove the run's files (suffix '.tmp': what a run killed mid-write left). Only under the lock."""
+    for name in (*RUN_FILES, TORN):
+        if os.path.exists(os.path.join(out_dir, name + suffix)):
+            os.remove(os.path.join(out_dir, name + suffix))
+
+
+def is_finished(out_dir):
+    """A run is finished when its log holds the validation loss at its last step (config.json's max_iters):
+    train.py logs that row only once the final checkpoint is on disk. Where a checkpoint is there, it must
+    say the same (a log written by an older train.py, which logged the row first, can claim a save that
+    failed). study.py skips a finished run; train.py completes one whose final row is missing."""
+    try:
+        max_iters = read_config(out_dir)['max_iters']
+        logged = max_iters in logged_evals(read_log(os.path.join(out_dir, LOG)))
+    except (OSError, RunFileError, SystemExit):
+        return False
+    ckpt = os.path.join(out_dir, CHECKPOINT)
+    return logged and (not os.path.exists(ckpt) or checkpoint_progress(ckpt) == (max_iters, max_iters))
+
+
+def saves_checkpoint(step, cfg):
+    """Whether the loop checkpoints at an evaluation step when no stop signal came (train.py): at every
+    evaluation with always_save_checkpoint, else at the last step only."""
+    return step == cfg['max_iters'] or bool(cfg.get('always_save_checkpoint', True) and step % cfg['eval_interval'] == 0)
+
+
+def killed_before_first_checkpoint(out_dir, config):
+    """Whether out_dir's log is only the beginning of a run (of `config`) killed (or stopped by a full disk or a
+    divergence) before its first checkpoint: no step logged past the step of its first checkpoint (its first
+    evaluation, or max_iters), and no evaluation at that step. Such a run can start again from scratch without
+    losing anything trained."""
+    try:
+        rows = read_log(os.path.join(out_dir, LOG))
+    except FileNotFoundError:
+        rows = []
+    except (OSError, SystemExit):
+        return False
+    try:
+        first = next(s for s in (min(config['eval_interval'], config['max_iters']), config['max_iters'])
+                     if saves_checkpoint(s, config))
+    except (KeyError, TypeError):
+        return False
+    # At the first checkpoint's step the training row (and a divergence's row) is logged before the save, the
+    # evaluation's row only after it: without that row, the save failed (a full disk) or never came.
+    return all(r['step'] < first or (r['step'] == first and 'val_loss' not in r) for r in rows)
+
+
+# -----------------------------------------------------------------------------
+# The steps of start_run
 
 def saved_config(out_dir):
     """out_dir/config.json, or None if there is none that train.py wrote."""
@@ -262,14 +320,16 @@ class RunRecord:
         import torch
         if not self.master:
             return
-        if resumed:
-            self.rewind(step)
+        before = saved_config(self.cfg['out_dir']) if resumed else None   # (read before the log is rewound)
+        if resumed and os.path.exists(self.log_path):
+            rewind_log(self.log_path, step)
+        sizes = world_sizes(before, step, proc.world)
         if self.cfg['wandb_log']:   # before config.json: the tracked run's id goes into it, so that a resume finds it
             self.tracker = start_wandb(self.cfg, resumed)
         write_config(self.cfg['out_dir'], dict(
             self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=proc.world,
-            world_sizes=world_sizes(saved_config(self.cfg['out_dir']) if resumed else None, step, proc.world),
-            device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device, **meta))
+            world_sizes=sizes, **meta,
+            device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device))
 
     def rewind(self, step):
         """The log up to the checkpoint's step: what was logged after it is trained again. Its rows are read
@@ -303,7 +363,7 @@ def start_wandb(cfg, resumed):
     dashboard. The run's id is kept in config.json and the checkpoints: a resume continues it."""
     import wandb
     cfg['wandb_run_id'] = resumed.get('wandb_run_id') or secrets.token_hex(4)   # a new run's id: 8 hex digits
-    group = cfg['wandb_group'] or f"{cfg['n_layer']}x{cfg['n_embd']}_{cfg['block_size']}ctx_{cfg['max_iters']}steps"
+    group = cfg['wandb_group'] or group_name(cfg)
     return wandb.init(project=cfg['wandb_project'], name=cfg['wandb_run_name'] or os.path.basename(cfg['out_dir']),
                       group=group, job_type=cfg['residual'], tags=[cfg['residual'], f"seed{cfg['seed']}"],
                       config=cfg, id=cfg['wandb_run_id'], resume='allow')

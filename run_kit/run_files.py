@@ -12,9 +12,8 @@ The files of a run, each with one reader and one writer here; every other module
 Every whole file of a run, a build or a report is written by atomic_write: a temporary name, synced to
 disk, then renamed, so that a reader (or a resumed run) sees the old file or the new one, never half of one. The
 log is appended row by row instead: a line torn by a kill is dropped by its reader and set aside by its
-writer before the next row. One predicate says when a run is finished (is_finished), one when it holds
-only the beginning of a run (killed_before_first_checkpoint), one message says that a write failed
-(write_failed).
+writer before the next row. One message says that a write failed (write_failed). What state a run's
+folder is in (finished, killed before its first checkpoint, what it holds) is run_dir.py's.
 
 torch is imported inside the functions that need it: prepare.py (and its worker processes) and
 study.py import this module and have no use for it.
@@ -29,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from run_kit.common import gpt_config, model_problems, schedule_length
+from run_kit.common import gpt_config, model_problems
 
 CONFIG, LOG, CHECKPOINT, LOCK = 'config.json', 'log.jsonl', 'ckpt.pt', 'run.lock'
 TORN = LOG + '.torn'
@@ -197,21 +196,16 @@ def lock_out_dir(out_dir):
     return holder
 
 
-def existing_run(out_dir):
-    """What a run left in out_dir, with sizes (empty if nothing)."""
-    return [f"{name} ({os.path.getsize(os.path.join(out_dir, name)):,} bytes)" for name in (*RUN_FILES, TORN)
-            if os.path.exists(os.path.join(out_dir, name))]
-
-
-def remove_run_files(out_dir, suffix=''):
-    """Remove the run's files (suffix '.tmp': what a run killed mid-write left). Only under the lock."""
-    for name in (*RUN_FILES, TORN):
-        if os.path.exists(os.path.join(out_dir, name + suffix)):
-            os.remove(os.path.join(out_dir, name + suffix))
-
-
 # -----------------------------------------------------------------------------
 # config.json
+
+def schedule_length(cfg):
+    """The LR schedule's length in steps: lr_decay_iters, where 0 means "follow max_iters". The one place
+    that says so: a run's start fixes it (run_dir.start_run), and the readers here of configurations written
+    before it was fixed (they kept the 0) resolve it the same way."""
+    return cfg.get('lr_decay_iters') or cfg['max_iters']
+
+
 
 def write_config(out_dir, config):
     path = os.path.join(out_dir, CONFIG)
@@ -402,44 +396,6 @@ def logged_evals(rows):
 
 
 # -----------------------------------------------------------------------------
-# What state a run is in
-
-def is_finished(out_dir):
-    """A run is finished when its log holds the validation loss at its last step (config.json's max_iters):
-    train.py logs that row only once the final checkpoint is on disk. Where a checkpoint is there, it must
-    say the same (a log written by an older train.py, which logged the row first, can claim a save that
-    failed). study.py skips a finished run; train.py completes one whose final row is missing."""
-    try:
-        max_iters = read_config(out_dir)['max_iters']
-        logged = max_iters in logged_evals(read_log(os.path.join(out_dir, LOG)))
-    except (OSError, RunFileError, SystemExit):
-        return False
-    ckpt = os.path.join(out_dir, CHECKPOINT)
-    return logged and (not os.path.exists(ckpt) or checkpoint_progress(ckpt) == (max_iters, max_iters))
-
-
-def killed_before_first_checkpoint(out_dir, config):
-    """Whether out_dir's log is only the beginning of a run (of `config`) killed (or stopped by a full disk or a
-    divergence) before its first checkpoint: no step logged past the step of its first checkpoint (its first
-    evaluation, or max_iters), and no evaluation at that step. Such a run can start again from scratch without
-    losing anything trained."""
-    try:
-        rows = read_log(os.path.join(out_dir, LOG))
-    except FileNotFoundError:
-        rows = []
-    except (OSError, SystemExit):
-        return False
-    try:
-        first = config['max_iters'] if not config.get('always_save_checkpoint', True) else \
-            min(config['eval_interval'], config['max_iters'])
-    except (KeyError, TypeError):
-        return False
-    # At the first checkpoint's step the training row (and a divergence's row) is logged before the save, the
-    # evaluation's row only after it: without that row, the save failed (a full disk) or never came.
-    return all(r['step'] < first or (r['step'] == first and 'val_loss' not in r) for r in rows)
-
-
-# -----------------------------------------------------------------------------
 # ckpt.pt: torch.save of tensors and plain values, with a checksum of the whole content
 
 def content_digest(obj):
@@ -589,6 +545,7 @@ def load_checkpoint(path):
         missing.append('model')
     if missing:
         raise SystemExit(f"{path} is not a checkpoint of train.py: it lacks {', '.join(dict.fromkeys(missing))}. {left}")
+    ckpt['config']['lr_decay_iters'] = schedule_length(ckpt['config'])   # (as read_config: older ones kept 0)
     return ckpt
 
 

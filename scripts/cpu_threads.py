@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 import torch
 from model import GPT, GPTConfig
 from prepare import VOCAB_SIZE
-from run_kit.common import tune_cpu_allocator
+from run_kit.run_control import tune_cpu_allocator
 from sample import load_model
 
 out_dir, sample_rounds, train_rounds = args.out_dir, args.sample_rounds, args.train_rounds

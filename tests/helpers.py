@@ -155,7 +155,7 @@ def make_run(root, name, residual, seed, final_nll, steps=(0, 50, 100), windows=
     at each but 0. windows: None, a log as written before train.py kept a data digest (each training row's
     data_hash a made-up fingerprint); or a function step -> that step's window indices, then every row carries
     the data digest of the steps before it and each training row the data_hash of its step, as train.py logs."""
-    from run_kit.common import DIGEST_START, windows_digest, windows_hash
+    from train import DIGEST_START, windows_digest, windows_hash
     path = os.path.join(root, name)
     os.makedirs(path)
     config = dict(train.DEFAULTS, residual=residual, seed=seed, max_iters=steps[-1], out_dir=path,

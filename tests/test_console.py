@@ -73,7 +73,7 @@ def test_wandb_records_the_log_and_a_resume_continues_the_same_run(data_dir, tmp
     dirs = sorted(glob.glob(str(tmp_path / 'wandb' / 'offline-run-*')))
     assert len(dirs) == 2 and all(d.endswith(run_id) for d in dirs)       # the resume continued the same run
     runs, history = tracked(dirs[0])
-    assert runs[0].display_name == 'rd_s3' and runs[0].run_group == '2x32_32ctx_4steps' and runs[0].job_type == 'rd_attnres'
+    assert runs[0].display_name == 'rd_s3' and runs[0].run_group == '2x32h2_32ctx_4steps' and runs[0].job_type == 'rd_attnres'
     assert 'seed3' in runs[0].tags
     config = {c.key: json.loads(c.value_json) for c in runs[0].config.update}
     assert config['residual'] == 'rd_attnres' and config['seed'] == 3 and config['n_layer'] == 2

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import compare
 from model import apply_rotary as model_apply_rotary, read_sources, source
 from model import ATTENTION_ROUTES, RESIDUAL_MODES
-from run_kit import common, run_files
+from run_kit import run_files
 import train
 from test_model import batch, make, perturb, perturbed_block, some_sources
 
@@ -170,7 +170,7 @@ def test_committed_study_logs_still_match_their_data_order():
         assert len(rows) >= 10
         for r in rows:   # logged after step r['step'] - 1 was trained
             windows = train.step_windows(r['step'] - 1, n_windows, per_step, cfg['seed'])
-            assert common.windows_hash(windows) == r['data_hash'], (path, r['step'])
+            assert train.windows_hash(windows) == r['data_hash'], (path, r['step'])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 import pytest
 import torch
 
-from run_kit import common, run_control, run_dir, run_files
+from run_kit import run_control, run_dir, run_files
 import train
 from helpers import read_log, run, run_here, train_here
 
@@ -152,7 +152,7 @@ def test_mfu_knows_the_h100_variants_and_skips_the_first_interval(data_dir, tmp_
     for name, flops in [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
                         ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA GeForce GTX 1080', 0.0)]:
         monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device, name=name: name)
-        assert common.detect_peak_flops('cuda:3') == flops, name
+        assert run_control.detect_peak_flops('cuda:3') == flops, name
     monkeypatch.undo()
     out = str(tmp_path / 'run')
     run_here(['--peak_flops=1e12', '--max_iters=4', '--lr_decay_iters=4', '--eval_interval=100'], data_dir, out)
@@ -162,10 +162,10 @@ def test_mfu_knows_the_h100_variants_and_skips_the_first_interval(data_dir, tmp_
 
 def test_auto_dtype_takes_fp16_where_bf16_would_only_be_emulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: including_emulation)
-    assert common.resolve_dtype('auto', 'cuda') == ('float16', torch.float16)      # a V100
+    assert run_control.resolve_dtype('auto', 'cuda') == ('float16', torch.float16)      # a V100
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda including_emulation=True: True)
-    assert common.resolve_dtype('auto', 'cuda') == ('bfloat16', torch.bfloat16)    # an A100 or H100
-    assert common.resolve_dtype('auto', 'cpu') == ('float32', torch.float32)
+    assert run_control.resolve_dtype('auto', 'cuda') == ('bfloat16', torch.bfloat16)    # an A100 or H100
+    assert run_control.resolve_dtype('auto', 'cpu') == ('float32', torch.float32)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 
 from configurator import configure
 import compare
-from run_kit.common import DIGEST_START
+from train import DIGEST_START
 from run_kit.run_files import divergence, load_checkpoint, save_checkpoint
 import train
 from helpers import HERE, python, read_log, run, run_here, sample_here
