@@ -46,8 +46,6 @@ DEFAULTS = dict(
                                   # no kernels built: the graph counts of every mode in seconds, e.g. on a CPU)
     recompile_limit=64,           # with compile: dynamo's graphs per function; every mode compiles GPT.forward
                                   # once more, and past the limit (torch's default: 8) a mode would run eager
-    compile_regional=False,       # with compile: compile each block's attention and MLP (one graph reused by
-                                  # every layer) instead of the whole model; the depth reads stay eager
     rounds=12, steps=1, warmup=2,  # per mode: warmup steps, then rounds x steps timed steps
     memory=True, peak_flops=0.0, seed=0,
     cpu_malloc_tuning=True,       # as train.py: keep big freed buffers in the heap (compare with False)
@@ -77,11 +75,7 @@ def build(cfg, mode, device):
     model = build_model(dict(cfg, residual=residual, depth_read=variant or 'plain')).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.split(':')[0])
     options = dict(backend=counted(cfg['backend'], mode))
-    runner = compile_model(model, **options) if cfg['compile'] and not cfg['compile_regional'] else model   # as train.py
-    if cfg['compile'] and cfg['compile_regional']:
-        for block in model.transformer.h:
-            block.attn.compile(**options)
-            block.mlp.compile(**options)
+    runner = compile_model(model, **options) if cfg['compile'] else model   # as train.py
     return model, runner, optimizer
 
 

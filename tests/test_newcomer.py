@@ -242,13 +242,13 @@ def expand_braces(pattern):
 
 def results_cited():
     """{a `results/...` path as the project's pages and code write it: the files that write it}; the folder
-    itself and /elsewhere/results/ paths are not citations."""
+    itself, /elsewhere/results/ paths and a commit's `C:results/...` (history: git_cited) are not citations."""
     import course
     cited = {}
     for f in course.project_files():
         if f.startswith(('results/', 'study/runs/')) or not f.endswith(('.md', '.py', '.sh')):
             continue
-        for path in re.findall(r"(?<![\w/.-])results/[\w.{},*-]+", open(os.path.join(HERE, f), encoding='utf-8').read()):
+        for path in re.findall(r"(?<![\w/.:-])results/[\w.{},*-]+", open(os.path.join(HERE, f), encoding='utf-8').read()):
             cited.setdefault(path.rstrip('.,'), set()).add(f)
     return cited
 
@@ -279,6 +279,19 @@ def test_every_measurement_the_docs_cite_exists_and_the_index_lists_each_file():
             assert len(cells) == 6 and all(cells), line
             assert re.search(r'\b[0-9a-f]{7}\b', cells[3]) and re.search(r'\b2026-\d\d-\d\d\b', cells[4]), line
             assert re.search(r'docs/\w+\.md', cells[5]), line
+
+
+def test_measurements_of_code_no_longer_here_are_cited_where_git_keeps_them():
+    # a page cites what left results/ as `git show COMMIT:results/FILE`: that commit holds that file
+    import course
+    if not os.path.isdir(os.path.join(HERE, '.git')) and not os.path.isfile(os.path.join(HERE, '.git')):
+        pytest.skip("not a git checkout (a course handout): history is the project's")
+    cited = {m for f in course.project_files() if f.endswith('.md')
+             for m in re.findall(r"git show ([0-9a-f]{7,40}):(results/[\w.-]+)", open(os.path.join(HERE, f), encoding='utf-8').read())}
+    assert cited
+    for commit, path in sorted(cited):
+        p = subprocess.run(['git', 'cat-file', '-e', f'{commit}:{path}'], cwd=HERE, capture_output=True)
+        assert p.returncode == 0, f"{commit}:{path} is not in git"
 
 
 def test_model_py_stands_alone_and_one_function_builds_a_run_s_model():
