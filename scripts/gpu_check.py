@@ -43,6 +43,7 @@ check's plumbing, its numbers are not measurements and it gives no verdict.
 
 import argparse
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -57,10 +58,9 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
-# |compiled - eager| (nats) of a logged training or evaluation loss. Measured (docs/gpus.md, "The loss
-# tolerance"): two bf16 runs whose only difference is the order of a reduction part by up to ~0.003 nats in
-# 24 steps, while the same run with its depth reads silently in bf16 parts from float32 reads by ~0.03;
-# 0.01 passes the first and fails the second. --tiny runs float32 on the CPU, where the runs agree to rounding.
+# |compiled - eager| (nats) of a logged training or evaluation loss, bf16 on a GPU: set for the rounding of two
+# correct runs, not to catch reads in bf16, which no loss tolerance separates from that rounding in a few dozen
+# steps; the reads' dtype is asserted instead (read_dtypes). Why this value: docs/gpus.md, "The loss tolerance".
 LOSS_TOL = 0.01
 TINY_TOL = 1e-4
 SHAPES = {   # the paper's two shapes, and the tiny one of --tiny
@@ -225,6 +225,8 @@ class Check:
                         TORCHINDUCTOR_CACHE_DIR=os.environ.get('TORCHINDUCTOR_CACHE_DIR', os.path.join(self.out, 'inductor_cache')))
 
     def predicted(self, name):
+        if name in self.args.predicted:
+            return self.args.predicted[name]
         fixed, per_step = PREDICTED[self.kind][name]
         return fixed + per_step * self.steps
 
@@ -290,11 +292,21 @@ class Check:
             f.write(markdown(self.results))
 
 
+def remove_weights(c):
+    """Every checkpoint the checks write, once a check has ended however it ended."""
+    for run in ('train_compiled', 'train_eager', 'resume'):
+        remove_checkpoints(os.path.join(c.out, run))
+    for name in os.listdir(c.out):
+        if name.startswith('checkpoint_probe.pt'):
+            os.remove(os.path.join(c.out, name))
+
+
 def remove_checkpoints(out_dir):
     """A run's checkpoints once compared (4.24 GB each at 343m): the check leaves its logs, not its weights."""
-    for name in ('ckpt.pt', 'ckpt.pt.tmp'):
-        if os.path.exists(os.path.join(out_dir, name)):
-            os.remove(os.path.join(out_dir, name))
+    if os.path.isdir(out_dir):
+        for name in os.listdir(out_dir):
+            if name.startswith('ckpt.pt'):   # (and the temporary file of a write that was killed)
+                os.remove(os.path.join(out_dir, name))
 
 
 # -----------------------------------------------------------------------------
@@ -304,7 +316,6 @@ def train_child(stats_path, backend, argv):
     """train.py's main(argv) in this process (a torchrun worker), torch.compile given a backend that counts the
     graphs handed to it, and dynamo's own count of the graphs it captured. Writes stats_path.rank<R>.json:
     the graphs, the graph breaks, and what the model was wrapped in (DDP, its process group's backend)."""
-    import functools
     import torch
     import torch._dynamo
     from torch._dynamo import lookup_backend
@@ -326,15 +337,62 @@ def train_child(stats_path, backend, argv):
             torch.distributed.get_backend() if torch.distributed.is_initialized() else None))
         return m
     train.wrap_ddp = wrap
-    code = 1
+    code, reads = 1, None
     try:
         code = train.main(argv)
+        if os.environ.get('RANK', '0') == '0':   # the reads' dtypes under bf16, on this device (after the run: a
+            from configurator import configure    # second model for a moment, not beside the run's)
+            cfg = configure(train.DEFAULTS, argv)
+            reads = read_dtypes(cfg, 'cpu' if cfg['device'] == 'cpu' else f"cuda:{os.environ.get('LOCAL_RANK', 0)}")
     finally:
         rank = os.environ.get('RANK', '0')
         with open(f'{stats_path}.rank{rank}.json', 'w') as f:
             json.dump(dict(graphs=counters['stats']['unique_graphs'], backend_calls=calls[0],
-                           graph_breaks=sum(counters['graph_break'].values()), exit=code, **wrapped), f)
+                           graph_breaks=sum(counters['graph_break'].values()), exit=code, read_dtypes=reads, **wrapped), f)
     return code
+
+
+def read_dtypes(cfg, device, dtype='bfloat16'):
+    """The dtypes the depth reads compute in, on `device` under `dtype` autocast, for the model of a run's config
+    (its shape and read), one forward of a short batch, eager: what reaches and leaves each read (model.read_sources,
+    or the two-phase read's phase1 and phase2). model.py keeps them float32; a read in bf16 blurs the mixture of
+    sources of very different scales, and no loss tolerance sees it in a few dozen steps (docs/gpus.md)."""
+    import torch
+    import model as model_py
+    from fast_read import two_phase_read
+    from run_kit.common import build_model
+    seen = set()
+
+    def recorded(module, name):
+        fn = getattr(module, name)
+
+        def wrapper(*args):
+            out = fn(*args)
+            seen.update(str(t.dtype) for t in flatten((args, out)) if t.is_floating_point())
+            return out
+        return fn, wrapper
+    patched = [(module, name, *recorded(module, name)) for module, name in
+               ((model_py, 'read_sources'), (two_phase_read, 'phase1'), (two_phase_read, 'phase2'))]
+    try:
+        for module, name, _, wrapper in patched:
+            setattr(module, name, wrapper)
+        keys = ('n_layer', 'n_head', 'n_embd', 'block_size', 'attnres_block_size', 'residual', 'depth_read')
+        model = build_model({k: cfg[k] for k in keys}).to(device)
+        x = torch.zeros(1, min(64, cfg['block_size']), dtype=torch.long, device=device)
+        with torch.no_grad(), torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype)):
+            model(x, x)
+    finally:
+        for module, name, fn, _ in patched:
+            setattr(module, name, fn)
+    return sorted(seen)
+
+
+def flatten(x):
+    """The tensors in nested lists and tuples."""
+    import torch
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for item in x for t in flatten(item)] if isinstance(x, (list, tuple)) else []
 
 
 def read_stats(stats_path):
@@ -371,6 +429,14 @@ def graph_problem(stats, expected, world):
     return None
 
 
+def reads_problem(dtypes):
+    if not dtypes:
+        return "the depth reads' dtypes were not recorded"
+    if dtypes != ['torch.float32']:
+        return f"the depth reads compute in {', '.join(dtypes)} under bf16 autocast, not float32 alone"
+    return None
+
+
 def compare_runs(a, b, tol, what):
     """The logged steps' losses of two runs (by step), and the largest difference; CheckFailed where they part by
     more than tol, or where their windows' fingerprints differ (another data order). what: 'train' or 'val'."""
@@ -401,7 +467,7 @@ def check_train(c):
     remove_checkpoints(out_dir)
     cfg = json.load(open(os.path.join(out_dir, 'config.json')))
     expected = 2 * graphs_per_shape(cfg['depth_read'], cfg['n_layer'], cfg['attnres_block_size'])
-    problem = graph_problem(stats, expected, c.world)
+    problem = graph_problem(stats, expected, c.world) or reads_problem(stats[0]['read_dtypes'])
     if problem:
         raise CheckFailed(problem)
     timed = [r for s, r in sorted(rows.items()) if s > 4]   # (the first interval holds the compilation)
@@ -411,6 +477,7 @@ def check_train(c):
     return dict(launcher=f'torchrun --nproc_per_node={c.world}', processes=c.world, ddp=stats[0]['pg_backend'],
                 grad_accum=2, steps=c.steps, depth_read=cfg['depth_read'], backend=c.backend,
                 graphs=stats[0]['graphs'], graphs_expected=expected, backend_calls=stats[0]['backend_calls'],
+                read_dtypes=stats[0]['read_dtypes'],
                 loss=rows[c.steps]['train_loss'], val_loss=val[c.steps]['val_loss'],
                 step_s=sorted(r['dt'] for r in timed)[len(timed) // 2], tok_per_s=timed[-1]['tok_per_s'],
                 mfu=mfu[-1] if mfu else None, ranks_equal='checked by train.py at the last step')
@@ -576,6 +643,66 @@ class Skipped(Exception):
 
 
 # -----------------------------------------------------------------------------
+# The loss tolerance, measured: what LOSS_TOL must pass and what it must catch
+
+def read_gap(out, steps=24, device='cpu'):
+    """bf16 autocast training of a small rd_attnres model on the check's data, three ways from one initialisation
+    and the same batches: the reference (depth reads in float32, as model.py computes them); the same with each
+    step's batch in two micro-steps (the same sum in another order: the rounding noise two correct runs show,
+    as compiled and eager kernels do); and the reads silently in bf16 (model.fp32 made a bf16 cast: the bug the
+    tolerance must catch). Prints and returns the largest difference of each from the reference over the steps."""
+    import numpy as np
+    import torch
+    import model as model_py
+    from run_kit.common import build_model
+    make_data(os.path.join(out, 'data'))
+    tokens = np.fromfile(os.path.join(out, 'data', 'gpu_check', 'train.bin'), dtype=np.uint16)
+    shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, attnres_block_size=2)
+    B, T = 8, shape['block_size']
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, len(tokens) - T - 1, size=(steps, B))
+    batches = [torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in row]).astype(np.int64)) for row in starts]
+    fp32 = model_py.fp32
+
+    def run(micro, reads_bf16):
+        model_py.fp32 = (lambda x: x.to(torch.bfloat16)) if reads_bf16 else fp32
+        try:
+            torch.manual_seed(1)
+            m = build_model(dict(shape, residual='rd_attnres', depth_read='plain')).to(device)
+            opt = m.configure_optimizers(0.1, 3e-4, (0.9, 0.95), device)
+            losses = []
+            for step, batch in enumerate(batches):
+                for g in opt.param_groups:
+                    g['lr'] = 3e-4 * min(1.0, (step + 1) / 4)
+                batch = batch.to(device)
+                total = 0.0
+                for part in batch.chunk(micro):
+                    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+                        _, loss = m(part[:, :-1], part[:, 1:])
+                    (loss / micro).backward()
+                    total += loss.item() / micro
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(total)
+            return losses
+        finally:
+            model_py.fp32 = fp32
+    reference, reordered, bf16_reads = run(1, False), run(2, False), run(1, True)
+    noise = max(abs(a - b) for a, b in zip(reference, reordered))
+    gap = max(abs(a - b) for a, b in zip(reference, bf16_reads))
+    print(f"read gap, {shape} batch {B}, {steps} steps, bf16 autocast on {device}, torch {torch.__version__}")
+    print(f"losses (reference): first {reference[0]:.4f}, last {reference[-1]:.4f}")
+    print(f"reordered sum (noise): max |difference| {noise:.5f} nats; per step: "
+          + ' '.join(f"{abs(a - b):.4f}" for a, b in zip(reference, reordered)))
+    print(f"reads in bf16 (the bug): max |difference| {gap:.5f} nats; per step: "
+          + ' '.join(f"{abs(a - b):.4f}" for a, b in zip(reference, bf16_reads)))
+    print(f"LOSS_TOL {LOSS_TOL}: passes the noise {'yes' if noise <= LOSS_TOL else 'NO'}, "
+          f"catches the bf16 reads {'yes' if gap > LOSS_TOL else 'NO'}")
+    return dict(noise=noise, gap=gap)
+
+
+# -----------------------------------------------------------------------------
 # The preflight: what this machine lacks, in the first seconds
 
 PACKAGES = {   # package: (needed by these checks, what it is for)
@@ -634,6 +761,7 @@ def preflight(c, torch_info, have=lambda name: importlib.util.find_spec(name) is
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def checkpoint_bytes(shape):
     """A checkpoint of the shape: float32 parameters and AdamW's two moments (the tied embedding once)."""
     import torch
@@ -703,7 +831,8 @@ def markdown(results):
         elif name == 'train':
             out.append(f"| train | ok | {r['launcher']} (DDP, {r['ddp']}) x {r['grad_accum']} micro-steps, {r['steps']} "
                        f"steps, compiled ({r['backend']}, {r['depth_read']} read): {r['graphs']} graphs as designed "
-                       f"({r['backend_calls']} after DDP's bucket splits); step {r['step_s']:.3f} s, "
+                       f"({r['backend_calls']} after DDP's bucket splits), reads in float32 under bf16; "
+                       f"step {r['step_s']:.3f} s, "
                        f"{r['tok_per_s']:,.0f} tok/s, MFU {f(r['mfu'] and 100 * r['mfu'], '.1f')}% |")
         elif name == 'eager':
             out.append(f"| eager | ok | compiled vs eager, {r['processes']} process(es): training losses within "
@@ -741,9 +870,7 @@ def summary(results, asked):
     return '; '.join(parts), 1 if bad else 2 if unchecked else 0
 
 
-def main(argv):
-    if argv[:1] == ['--train_child']:   # (a torchrun worker: see train_child)
-        return train_child(argv[1], argv[2], argv[3:])
+def parse_args(argv):
     ap = argparse.ArgumentParser(prog='gpu_check.py', description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--tiny', action='store_true', help='the tiny shape on the CPU: the plumbing (CI), no verdict')
@@ -751,13 +878,28 @@ def main(argv):
     ap.add_argument('--only', default=','.join(CHECKS), help=f"some of: {', '.join(CHECKS)} (run in this order)")
     ap.add_argument('--budget', type=float, default=10.0, help='minutes: the checks that fit, then stop (default 10)')
     ap.add_argument('--preflight', action='store_true', help='only the preflight')
+    ap.add_argument('--read_gap', action='store_true', help="only measure what LOSS_TOL must pass and catch (read_gap)")
     ap.add_argument('--shape', default='343m', choices=('343m', '120m'), help='of train, eager, resume, checkpoint')
     ap.add_argument('--steps', type=int, default=0, help='training steps per run (default 24; --tiny 16)')
     ap.add_argument('--batch_size', type=int, default=0, help='micro-batch per process (default 16; --tiny 4)')
     ap.add_argument('--nproc', type=int, default=0, help='torchrun processes (default: every GPU; --tiny 2)')
     ap.add_argument('--depth_read', default='', choices=('', 'plain', 'two_phase'), help="default: the config's")
     ap.add_argument('--backend', default='', help="torch.compile's backend (default inductor; --tiny eager)")
+    ap.add_argument('--predicted', default='', help="check=seconds,...: predictions to plan the budget with instead "
+                    "of PREDICTED (e.g. the seconds an earlier gpu_check.json measured)")
     args = ap.parse_args(argv)
+    args.predicted = {k: float(v) for k, v in (item.split('=') for item in args.predicted.split(',') if item)}
+    return args
+
+
+def main(argv):
+    if argv[:1] == ['--train_child']:   # (a torchrun worker: see train_child)
+        return train_child(argv[1], argv[2], argv[3:])
+    args = parse_args(argv)
+    if args.read_gap:
+        import torch
+        read_gap(os.path.abspath(args.out), device='cuda' if torch.cuda.is_available() and not args.tiny else 'cpu')
+        return 0
     asked = [x for x in CHECKS if x in args.only.split(',')]
     unknown = [x for x in args.only.split(',') if x not in CHECKS]
     if unknown:
@@ -812,6 +954,7 @@ def main(argv):
                 c.results['checks'][name] = dict(status='cut', why=f"stopped at the budget's end after "
                                                  f"{time.time() - t0:.0f} s; its output so far is in {c.out}")
             c.results['checks'][name]['seconds'] = time.time() - t0
+            remove_weights(c)
             c.save()
             print(json.dumps(c.results['checks'][name])[:2000], flush=True)
         current = None
@@ -820,7 +963,10 @@ def main(argv):
             c.results['checks'][current] = dict(status='interrupted', why=f"{type(e).__name__} {e}: its output so "
                                                 f"far is in {c.out}")
     finally:
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # (a second signal does not cut the cleanup short)
+            signal.signal(s, signal.SIG_IGN)
         c.end_children()   # nothing of the check outlives it
+        remove_weights(c)
         c.save()
     line, code = summary(c.results, asked)
     print(markdown(c.results))
