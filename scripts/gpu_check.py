@@ -19,8 +19,9 @@ is written to OUT/gpu_check.{json,md} as it ends, and the running child's output
               (--nproc_per_node=1: NCCL, DDP and compile-with-DDP's graph splitting run as in the paper's runs),
               gradient accumulation of 2 micro-steps: the graphs dynamo compiled, asserted (train and eval: one
               each for the whole model, 2 + one per pattern of sublayers for the two-phase read; none means it
-              ran eager, and fails); the ranks' parameters equal at the last step (train.py checks it at every
-              checkpoint); step time, tokens/s and MFU
+              ran eager, and fails); the depth reads in float32 under bf16 (their dtypes recorded on the device);
+              the ranks' parameters equal at the last step (train.py checks it at every checkpoint); step time,
+              tokens/s and MFU
   eager       the same run eager: its training losses and its evaluation losses (the compiled evaluation graph
               produces val_loss) within LOSS_TOL of the compiled run's at every logged step, the same windows
   resume      the eager run again, SIGTERM at a log step, then --init_from=auto: the same data order (the
@@ -75,7 +76,7 @@ CHECKS = ('train', 'eager', 'resume', 'checkpoint', 'bench_343m', 'bench_120m')
 # prediction (docs/gpus.md, "Predicted time per check"), to be replaced by what gpu_check.json measures.
 # tiny: this repository's 2-core CPU, measured (docs/gpus.md), generous so that CI does not flake on load.
 PREDICTED = {
-    'gpu': dict(train=(300, 0.5), eager=(60, 1.0), resume=(90, 2.0), checkpoint=(60, 0), bench_343m=(420, 0),
+    'gpu': dict(train=(300, 0.5), eager=(40, 0.7), resume=(75, 1.0), checkpoint=(60, 0), bench_343m=(420, 0),
                 bench_120m=(720, 0)),
     'tiny': dict(train=(20, 0.3), eager=(15, 0.3), resume=(30, 0.6), checkpoint=(10, 0), bench_343m=(25, 0),
                  bench_120m=(40, 0)),
