@@ -56,6 +56,7 @@ import sys
 import sysconfig
 import time
 
+STARTED = time.time()   # the budget counts from here, before torch is imported
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
@@ -81,8 +82,8 @@ PREDICTED = {
     'tiny': dict(train=(20, 0.3), eager=(15, 0.3), resume=(30, 0.6), checkpoint=(10, 0), bench_343m=(25, 0),
                  bench_120m=(40, 0)),
 }
-STOP_MARGIN = dict(gpu=30, tiny=5)   # seconds kept at the budget's end: stopping the running child, the table
-GRACE = dict(gpu=20, tiny=5)         # seconds a child has after SIGTERM (a checkpoint may be in flight) before SIGKILL
+STOP_MARGIN = dict(gpu=30, tiny=5)   # seconds kept at the budget's end: stopping the running child (> GRACE), the table
+GRACE = dict(gpu=20, tiny=3)         # seconds a child has after SIGTERM (a checkpoint may be in flight) before SIGKILL
 
 
 def make_data(data_dir):
@@ -162,12 +163,8 @@ def kill_tree(proc, grace):
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
     deadline = time.time() + grace
-    while time.time() < deadline and any(alive(p) for p in tree[1:]):
+    while time.time() < deadline and (proc.poll() is None or any(alive(p) for p in tree[1:])):
         time.sleep(0.05)
     for pid in set(tree + descendants(proc.pid)):
         try:
@@ -217,7 +214,7 @@ class Check:
         self.batch = args.batch_size or (4 if self.tiny else 16)
         self.backend = args.backend or ('eager' if self.tiny else 'inductor')
         self.tol = TINY_TOL if self.tiny else LOSS_TOL
-        self.started = time.time()
+        self.started = STARTED
         self.deadline = self.started + 60 * args.budget - STOP_MARGIN[self.kind]
         self.children = []     # the running ones
         self.results = dict(machine=None, tiny=self.tiny, budget_min=args.budget, preflight=[], checks={})
@@ -243,7 +240,7 @@ class Check:
                 f'--eval_interval={self.steps}', '--log_interval=4', f'--eval_tokens={self.batch * T * self.world}',
                 f'--eval_batch_size={self.batch}', '--dataset=gpu_check', f'--data_dir={self.out}/data',
                 f'--out_dir={out_dir}', f'--device={self.device}', '--dtype=float32' if self.tiny else '--dtype=bfloat16',
-                '--cpu_malloc_tuning=False', f'--compile={compiled}', '--log_routing=False',
+                '--cpu_malloc_tuning=False', f'--compile={compiled}',
                 *([f'--depth_read={self.args.depth_read}'] if self.args.depth_read else []), *extra]
 
     def spawn(self, args, out_path, mode='w'):
@@ -484,22 +481,22 @@ def check_train(c):
                 mfu=mfu[-1] if mfu else None, ranks_equal='checked by train.py at the last step')
 
 
-def compiled_rows(c):
-    """The train check's compiled run, from this run of the check or an earlier one into the same --out with the
-    same command (its log complete): (training rows, evaluation rows), or None."""
-    out_dir = os.path.join(c.out, 'train_compiled')
+def finished_rows(c, run, compiled):
+    """A run of this check's command (OUT/<run>, compiled or not), from this run of the check or an earlier one
+    into the same --out, its log complete: (training rows, evaluation rows), or None."""
+    out_dir = os.path.join(c.out, run)
     try:
         cfg = json.load(open(os.path.join(out_dir, 'config.json')))
         rows, val = read_rows(out_dir)
     except (OSError, ValueError):
         return None
     same = all(cfg.get(k) == v for k, v in (('max_iters', c.steps), ('batch_size', c.batch), ('world_size', c.world),
-                                            ('compile', True), ('n_layer', int(SHAPES[c.shape][0].split('=')[1]))))
+                                            ('compile', compiled), ('n_layer', int(SHAPES[c.shape][0].split('=')[1]))))
     return (rows, val) if same and c.steps in rows and c.steps in val else None
 
 
 def check_eager(c):
-    reference = compiled_rows(c)
+    reference = finished_rows(c, 'train_compiled', True)
     if reference is None:
         raise Skipped("needs the train check's compiled run (run train first)")
     out_dir = os.path.join(c.out, 'train_eager')
@@ -515,10 +512,10 @@ def check_eager(c):
 
 
 def check_resume(c):
-    out_dir = os.path.join(c.out, 'train_eager')
-    whole = read_rows_safely(out_dir)
-    if c.steps not in whole:
+    whole = finished_rows(c, 'train_eager', False)
+    if whole is None:
         raise Skipped("needs the eager check's run (run eager first)")
+    whole = whole[0]
     out_dir = os.path.join(c.out, 'resume')
     shutil.rmtree(out_dir, ignore_errors=True)
     args = c.train_args(out_dir, False)
@@ -726,8 +723,10 @@ def preflight(c, torch_info, have=lambda name: importlib.util.find_spec(name) is
         # ok: True present, False missing and needed (its checks are skipped), None missing and optional
         out.append(dict(piece=piece, ok=ok, line=line, needed_by=list(needed_by) if ok is False else []))
     t = torch_info
-    note('torch', True, f"torch {t['torch']} (requirements.txt pins 2.13.0), CUDA {t['cuda'] or 'none'}, "
-         f"{t['gpus']} GPU(s){': ' + t['device'] if t['device'] else ''}")
+    pinned = t['torch'].split('+')[0] == '2.13.0'
+    note('torch', True if pinned else None, f"torch {t['torch']}, CUDA {t['cuda'] or 'none'}, {t['gpus']} GPU(s)"
+         + (f": {t['device']}" if t['device'] else '') + ('' if pinned else ": not the 2.13.0 requirements.txt pins; "
+         "the checks run, and measure this release (pip install torch==2.13.0 for the project's)"))
     if not c.tiny:
         if t['gpus'] < 1:
             note('gpu', False, "no CUDA GPU visible: run this on a GPU machine (or --tiny for the CPU plumbing); "
@@ -911,8 +910,15 @@ def main(argv):
     c.results['machine'] = dict(facts, date=time.strftime('%Y-%m-%d'), host_cpus=os.cpu_count(),
                                 device=facts['device'] or 'cpu')
     items = preflight(c, facts)
+    try:   # the data: made here, from this repository's files (a second)
+        make_data(os.path.join(c.out, 'data'))
+        items.append(dict(piece='data', ok=True, line=f"data: made from this repository's files in {c.out}/data",
+                          needed_by=[]))
+    except Exception as e:   # (any reason: it is said in one line, and the checks that train on it skipped)
+        items.append(dict(piece='data', ok=False, line=f"data: could not be made in {c.out}/data ({type(e).__name__}: "
+                          f"{e}): --out on a writable disk", needed_by=['train', 'eager', 'resume']))
     c.results['preflight'] = items
-    print('preflight:', *[('  ' if p['ok'] else '  MISSING ' if p['ok'] is False else '  (optional) ') + p['line']
+    print('preflight:', *[('  ' if p['ok'] else '  MISSING ' if p['ok'] is False else '  NOTE ') + p['line']
                           for p in items], sep='\n', flush=True)
     stopped = blocked(items)
     for name in asked:
@@ -932,8 +938,6 @@ def main(argv):
         signal.signal(s, interrupted)
     current = None
     try:
-        if todo:
-            make_data(os.path.join(c.out, 'data'))
         for name in todo:
             current, t0 = name, time.time()
             remaining = c.deadline - t0
@@ -968,6 +972,7 @@ def main(argv):
             signal.signal(s, signal.SIG_IGN)
         c.end_children()   # nothing of the check outlives it
         remove_weights(c)
+        c.results['elapsed_s'] = time.time() - STARTED
         c.save()
     line, code = summary(c.results, asked)
     print(markdown(c.results))

@@ -128,6 +128,9 @@ def test_the_preflight_says_each_missing_piece_in_one_line_and_skips_what_needs_
     # no GPU, or no NCCL
     assert lines_of(gpu_check.preflight(c, dict(FACTS, gpus=0), **everything))['gpu']['needed_by'] == list(gpu_check.CHECKS)
     assert 'CUDA build' in lines_of(gpu_check.preflight(c, dict(FACTS, nccl=False), **everything))['nccl']['line']
+    # another torch than the pinned one: said, nothing skipped
+    item = lines_of(gpu_check.preflight(c, dict(FACTS, torch='2.11.0+cu128'), **everything))['torch']
+    assert item['ok'] is None and item['needed_by'] == [] and 'not the 2.13.0' in item['line']
     # --tiny runs dynamo's eager backend: no compiler needed
     tiny = check_of(['--tiny', '--out', str(tmp_path / 'g')], gpus=0)
     assert lines_of(gpu_check.preflight(tiny, dict(FACTS, gpus=0), **dict(everything, path=str(tmp_path)))) == {}
@@ -205,13 +208,33 @@ def test_the_gpu_check_runs_every_check_at_a_tiny_shape(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_preflight_of_a_machine_without_a_compiler_skips_the_compiled_checks(tmp_path):
+    # PATH without gcc or cc; --backend inductor, as on a GPU: one line, and the checks that compile skipped, named
+    empty = tmp_path / 'bin'
+    empty.mkdir()
+    p = subprocess.run([sys.executable, SCRIPT, '--tiny', '--backend', 'inductor', '--preflight', '--out',
+                        str(tmp_path / 'g')], capture_output=True, text=True, cwd=HERE, timeout=300,
+                       env=dict(os.environ, PATH=str(empty), CC=''))
+    assert p.returncode == 2, p.stdout + p.stderr
+    missing = [line for line in p.stdout.splitlines() if line.startswith('  MISSING ')]
+    assert len(missing) == 1 and 'no C compiler' in missing[0], p.stdout
+    assert 'budget 10 min: resume ~' in p.stdout and 'train ~' not in p.stdout, p.stdout
+    skipped = json.load(open(tmp_path / 'g' / 'gpu_check.json'))['checks']
+    assert sorted(skipped) == sorted(gpu_check.COMPILED) and all(r['status'] == 'skipped' for r in skipped.values())
+
+
+@pytest.mark.slow
 def test_a_budget_too_small_for_every_check_ends_in_time_with_the_rest_named(tmp_path):
     # one process, still under torchrun; train is predicted to fit 45 s, resume (40 s) and bench_120m (40 s) not
     out = tmp_path / 'gpu_check'
+    t0 = time.time()
     p = gpu_check_run(out, '--nproc', '1', '--budget', '0.75', '--only', 'train,resume,bench_120m')
+    assert time.time() - t0 < 45 + 5   # (+ starting and ending the interpreter, a second or two on a loaded CPU)
     assert p.returncode == 2, p.stdout[-3000:] + p.stderr[-3000:]
     assert 'NOT CHECKED (left): resume, bench_120m' in p.stdout, p.stdout[-2000:]
-    checks = json.load(open(out / 'gpu_check.json'))['checks']
+    results = json.load(open(out / 'gpu_check.json'))
+    assert results['elapsed_s'] < 45   # ended within the budget, on its own clock
+    checks = results['checks']
     assert checks['train']['launcher'] == 'torchrun --nproc_per_node=1' and checks['train']['ddp'] == 'gloo'
     assert checks['train']['graphs'] == 2
     assert checks['resume']['status'] == checks['bench_120m']['status'] == 'left'
@@ -222,10 +245,14 @@ def test_a_budget_too_small_for_every_check_ends_in_time_with_the_rest_named(tmp
 def test_a_check_still_running_at_the_budgets_end_is_cut_with_its_output_kept(tmp_path):
     # train predicted (wrongly) to take 1 s, and given 400 steps: the budget's end stops it
     out = tmp_path / 'gpu_check'
+    t0 = time.time()
     p = gpu_check_run(out, '--nproc', '1', '--budget', '0.4', '--steps', '400', '--predicted', 'train=1',
                       '--only', 'train,checkpoint', timeout=120)
+    assert time.time() - t0 < 24 + 5
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-    checks = json.load(open(out / 'gpu_check.json'))['checks']
+    results = json.load(open(out / 'gpu_check.json'))
+    assert results['elapsed_s'] < 24   # stopped within the budget: its margin (5 s) covers the grace (3 s)
+    checks = results['checks']
     assert checks['train']['status'] == 'cut' and checks['checkpoint']['status'] == 'left', checks
     assert (out / 'train_compiled.out').exists()   # (what it printed before the end, however little)
     assert not any(out.glob('**/ckpt.pt'))         # the stopped run's checkpoint not left behind
@@ -235,7 +262,8 @@ def test_a_check_still_running_at_the_budgets_end_is_cut_with_its_output_kept(tm
 @pytest.mark.slow
 def test_a_check_stopped_midway_keeps_its_output_and_leaves_no_process(tmp_path):
     out = tmp_path / 'gpu_check'
-    proc = subprocess.Popen([sys.executable, SCRIPT, '--tiny', '--out', str(out), '--only', 'train', '--steps', '2000'],
+    proc = subprocess.Popen([sys.executable, SCRIPT, '--tiny', '--out', str(out), '--only', 'train', '--steps', '2000',
+                             '--budget', '30'],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE)
     try:
         # the event: the compiled run under torchrun has logged a training step (read from its streamed output)
