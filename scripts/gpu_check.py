@@ -278,7 +278,7 @@ class Check:
 
     def train(self, out_dir, compiled, *extra):
         """A training run from scratch: its rows, and the graphs and DDP its ranks reported."""
-        shutil.rmtree(out_dir, ignore_errors=True)   # (a log of an earlier check would be read as this run's)
+        remove_run(out_dir)   # (a log or graph count of an earlier check would be read as this run's)
         self.run(self.train_args(out_dir, compiled, '--overwrite=True', *extra), out_dir + '.out', 'train.py')
         return read_rows(out_dir), read_stats(out_dir + '.graphs')
 
@@ -288,6 +288,15 @@ class Check:
             json.dump(self.results, f, indent=1)
         with open(os.path.join(self.out, 'gpu_check.md'), 'w') as f:
             f.write(markdown(self.results))
+
+
+def remove_run(out_dir):
+    """What an earlier run into out_dir left: its folder, its ranks' graph counts."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    folder, base = os.path.split(out_dir)
+    for name in os.listdir(folder):
+        if name.startswith(base + '.graphs.rank'):
+            os.remove(os.path.join(folder, name))
 
 
 def remove_weights(c):
@@ -517,7 +526,7 @@ def check_resume(c):
         raise Skipped("needs the eager check's run (run eager first)")
     whole = whole[0]
     out_dir = os.path.join(c.out, 'resume')
-    shutil.rmtree(out_dir, ignore_errors=True)
+    remove_run(out_dir)
     args = c.train_args(out_dir, False)
     proc = c.spawn(args, out_dir + '.out')
     if c.wait(proc, until=lambda: any(s >= 4 for s in read_rows_safely(out_dir))) is not None:
