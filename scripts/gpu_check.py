@@ -75,7 +75,7 @@ CHECKS = ('train', 'eager', 'resume', 'checkpoint', 'bench_343m', 'bench_120m')
 
 # Predicted seconds of each check: (fixed, per training step). GPU: one H200 at the default shapes, a
 # prediction (docs/gpus.md, "Predicted time per check"), to be replaced by what gpu_check.json measures.
-# tiny: this repository's 2-core CPU, measured (docs/gpus.md), generous so that CI does not flake on load.
+# tiny: about 1.5x what the CPU plumbing run measured (docs/gpus.md), so that a loaded CI machine does not flake.
 PREDICTED = {
     'gpu': dict(train=(300, 0.5), eager=(40, 0.7), resume=(75, 1.0), checkpoint=(60, 0), bench_343m=(420, 0),
                 bench_120m=(720, 0)),
