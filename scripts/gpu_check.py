@@ -839,7 +839,7 @@ def markdown(results):
             out.append(f"| {name} | **{status}** | {r.get('why', '')} |")
         elif name == 'train':
             out.append(f"| train | ok | {r['launcher']} (DDP, {r['ddp']}) x {r['grad_accum']} micro-steps, {r['steps']} "
-                       f"steps, compiled ({r['backend']}, {r['depth_read']} read): {r['graphs']} graphs as designed "
+                       f"steps, compiled (backend {r['backend']}, {r['depth_read']} read): {r['graphs']} graphs as designed "
                        f"({r['backend_calls']} after DDP's bucket splits), reads in float32 under bf16; "
                        f"step {r['step_s']:.3f} s, "
                        f"{r['tok_per_s']:,.0f} tok/s, MFU {f(r['mfu'] and 100 * r['mfu'], '.1f')}% |")
