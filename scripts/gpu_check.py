@@ -186,6 +186,10 @@ class CheckFailed(Exception):
     pass
 
 
+class Skipped(Exception):
+    """A check that could not run here: what it needs is missing (said in the table)."""
+
+
 class OutOfTime(Exception):
     """The budget ended while a child ran: it was stopped, its output kept."""
 
@@ -643,10 +647,6 @@ def check_bench_343m(c):
 
 def check_bench_120m(c):
     return dict(modes=bench(c, '120m', ALL_MODES, 1 if c.tiny else 3))
-
-
-class Skipped(Exception):
-    pass
 
 
 # -----------------------------------------------------------------------------
