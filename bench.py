@@ -279,7 +279,7 @@ def two_phase_bytes_per_token(model):
 
 def traffic_model(cfg):
     """The depth reads' predicted overhead on a GPU: their bytes at its memory bandwidth, against the
-    backbone's FLOPs at its peak and an MFU. An estimate, not a measurement (scripts/gpu_check.sh
+    backbone's FLOPs at its peak and an MFU. An estimate, not a measurement (scripts/gpu_check.py
     measures the real overhead beside it)."""
     shapes = {'120m': dict(n_layer=12, n_head=12, n_embd=768, attnres_block_size=4),
               '343m': dict(n_layer=24, n_head=16, n_embd=1024, attnres_block_size=6)}

@@ -182,7 +182,7 @@ def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, 
 
 
 # ---------------------------------------------------------------------------------------------
-# 7. The depth reads' memory traffic: the estimate that scripts/gpu_check.sh puts beside the measurement
+# 7. The depth reads' memory traffic: the estimate that scripts/gpu_check.py puts beside the measurement
 
 def test_traffic_model_counts_every_read_point():
     import bench
