@@ -173,3 +173,30 @@ def exit_on_help(name, path, more):
     if name == '__main__' and any(arg in HELP_FLAGS for arg in sys.argv[1:]):
         print(help_text(path, more))
         raise SystemExit(0)
+
+
+# -----------------------------------------------------------------------------
+# How a command ends: a failed write and a Ctrl-C are one line each, with an exit status of their own
+
+EXIT_WRITE = 74          # sysexits.h's EX_IOERR: a file the command writes could not be (a full disk, a size limit)
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+
+
+class WriteFailed(Exception):
+    """A file that a command writes could not be written; the message says what failed, what is kept and what
+    to do (run_files.write_failed's)."""
+
+
+def run_command(main, argv, name, on_ctrl_c):
+    """A command's main(argv) as its process runs it: main's exit status, or a failed write (WriteFailed) or a
+    Ctrl-C said in one line on stderr with EXIT_WRITE or EXIT_INTERRUPTED, never a traceback. on_ctrl_c: what
+    the interrupted command leaves behind."""
+    import sys
+    try:
+        return main(argv)
+    except WriteFailed as e:
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return EXIT_WRITE
+    except KeyboardInterrupt:
+        print(f"{name}: stopped by Ctrl-C; {on_ctrl_c}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
