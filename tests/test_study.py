@@ -3,6 +3,7 @@ real train.py runs of a tiny model on the built-in corpus, stopped by signals as
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -166,7 +167,7 @@ def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, c
         assert study.report(plan, str(root), plots=False) == 0
         reports.append((root / 'plan_report.md').read_text())
     assert reports[0] == reports[1] == reports[2] and '### attnres vs standard' in reports[0]
-    assert '- runs/notes: no config.json' in reports[0]
+    assert 'Not part of the plan' in reports[0] and '- runs/notes: not a run (no config.json' in reports[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,3 +361,104 @@ def test_a_report_has_no_empty_heading(tmp_path):
     lines = (tmp_path / 'plan_report.md').read_text().splitlines()
     assert not [line for line in lines if line.startswith('#') and not line.strip('# ')], lines
     assert '## . (the root)' in lines and '### attnres vs standard' in '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report holds its plan's runs only; what it says to do works; a full disk or a stop is one line
+
+def hand_made_study(tmp_path, seeds=(1, 2), modes=('standard', 'attnres')):
+    from helpers import make_run
+    for seed in seeds:
+        for mode in modes:
+            make_run(str(tmp_path / 'runs'), f'{mode}_s{seed}', mode, seed, 3.4 - 0.1 * (mode != 'standard'))
+    return mini_plan(tmp_path / 'plan.json', [(mode, seed) for seed in seeds for mode in modes])
+
+
+def test_a_report_holds_its_plans_entries_only(tmp_path):
+    from helpers import main_here, make_run
+    plan = hand_made_study(tmp_path)
+    make_run(str(tmp_path / 'runs'), 'rd_attnres_s1', 'rd_attnres', 1, 3.2)   # another plan's run in the folder
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| attnres vs standard' not in report and '| 2 | 3.4000 | 3.3000 |' in report
+    assert 'rd_attnres vs attnres' not in report, report     # not the plan's: in no table
+    assert '- runs/rd_attnres_s1: a run of rd_attnres, seed 1, that this plan does not name' in report
+    # an entry removed from the plan: its run leaves the tables and is listed apart
+    plan = mini_plan(tmp_path / 'plan.json', [('standard', 1), ('attnres', 1), ('standard', 2)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| 1 | 3.4000 | 3.3000 |' in report and '| 2 | 3.4000 |' not in report, report
+    assert '- runs/attnres_s2: a run of attnres, seed 2, that this plan does not name' in report
+    # and an entry not run yet is said, not taken for a run
+    plan = mini_plan(tmp_path / 'plan.json', [('standard', 1), ('attnres', 1), ('attnres', 3)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Not run yet' in report and '- runs/attnres_s3: does not exist' in report
+    # the way it says to compare every run of the folder, followed
+    command = report.split('`python compare.py ')[1].split('`')[0]
+    p = main_here(__import__('compare').main, [command])
+    assert p.returncode == 0 and '### rd_attnres vs attnres' in p.stdout and '| 2 | 3.4000 | 3.3000 |' in p.stdout
+
+
+def test_a_log_without_digest_or_fingerprint_is_said_to_be_unchecked(tmp_path):
+    plan = hand_made_study(tmp_path, seeds=(1,))
+    for mode in ('standard', 'attnres'):   # logs of a train.py that kept neither data digest nor fingerprint
+        log = tmp_path / 'runs' / f'{mode}_s1' / 'log.jsonl'
+        rows = [{k: v for k, v in json.loads(line).items() if k not in ('data_hash', 'data_digest')}
+                for line in log.read_text().splitlines()]
+        log.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| 1 | 3.4000 | 3.3000 |' in report
+    assert '- runs/attnres_s1 and runs/standard_s1 (attnres vs standard, seed 1): unpaired-unchecked' in report
+
+
+def test_the_report_names_the_command_that_measures_the_two_route_runs(tmp_path):
+    from helpers import make_run
+    for mode in ('attnres', 'rd_attnres'):
+        make_run(str(tmp_path / 'runs'), f'{mode}_s1', mode, 1, 3.3)
+    log = tmp_path / 'runs' / 'rd_attnres_s1' / 'log.jsonl'   # (make_run's routing rows lack the mean depths)
+    log.write_text(''.join(json.dumps(dict(json.loads(line), routing=None)) + '\n' for line in log.read_text().splitlines()))
+    (tmp_path / 'runs' / 'rd_attnres_s1' / 'final.safetensors').write_bytes(b'')   # its weights are there
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1), ('rd_attnres', 1)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert (f"Not measured yet: 1 runs (runs/rd_attnres_s1): `python study.py intervene {plan} --root {tmp_path}` "
+            "measures them") in report, report
+    assert '--dataset' not in report
+    # a named plan at the repository's root: no --root
+    assert study.intervene_command('cpu', HERE) == 'python study.py intervene cpu'
+
+
+def test_a_stop_between_two_runs_is_said_as_such(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        study.stopped(None, 'SIGTERM', str(tmp_path))
+    err = capsys.readouterr().err
+    assert e.value.code == study.EXIT_STOPPED and 'study stopped by SIGTERM between two runs, none in progress' in err
+    assert ' at between' not in err and 'checkpoint' not in err
+
+
+def test_a_full_disk_ends_the_report_in_one_line_and_the_advice_then_works(tmp_path, monkeypatch):
+    import errno
+    import compare
+    from configurator import EXIT_WRITE, run_command
+    from helpers import main_here
+    plan = hand_made_study(tmp_path)
+    full = lambda path, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space left on device'))
+    monkeypatch.setattr(compare, 'atomic_write', full)   # the report's results.json: the disk is full
+    argv = ['report', plan, '--root', str(tmp_path), '--no_plots']
+    p = main_here(lambda a: run_command(study.main, a, 'study.py', ''), argv)
+    assert p.returncode == EXIT_WRITE and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'could not write' in p.stderr and 'No space left on device' in p.stderr and 'Make room' in p.stderr
+    assert not (tmp_path / 'plan_report.md').exists() and not (tmp_path / 'runs' / 'results.json').exists()
+    advice = p.stderr.split('run the report again (')[1].split(')')[0]
+    # compare.py --json alike
+    p = main_here(lambda a: run_command(compare.main, a, 'compare.py', ''),
+                  [str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+    assert p.returncode == EXIT_WRITE and len(p.stderr.strip().splitlines()) == 1 and 'Make room' in p.stderr
+    assert 'run the same command again' in p.stderr and not (tmp_path / 'c.json').exists()
+    # room made: the command it names
+    monkeypatch.undo()
+    assert advice.startswith('python study.py report ')
+    p = main_here(lambda a: run_command(study.main, a, 'study.py', ''), shlex.split(advice)[2:] + ['--no_plots'])
+    assert p.returncode == 0 and (tmp_path / 'plan_report.md').exists() and (tmp_path / 'runs' / 'results.json').exists()
