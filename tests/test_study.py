@@ -462,3 +462,90 @@ def test_a_full_disk_ends_the_report_in_one_line_and_the_advice_then_works(tmp_p
     assert advice.startswith('python study.py report ')
     p = main_here(lambda a: run_command(study.main, a, 'study.py', ''), shlex.split(advice)[2:] + ['--no_plots'])
     assert p.returncode == 0 and (tmp_path / 'plan_report.md').exists() and (tmp_path / 'runs' / 'results.json').exists()
+
+
+def run_dir_and_plan(tmp_path, *extra):
+    """A plan of rd_attnres and attnres, seed 1; rd_attnres's out_dir goes through a folder and back."""
+    entries = [dict(config='config/quickstart.py', seed=1, out_dir='runs/x/../rd_attnres_s1',
+                    overrides=['--residual=rd_attnres', *MINI, *extra]),
+               dict(config='config/quickstart.py', seed=1, out_dir='runs/attnres_s1', overrides=['--residual=attnres', *MINI])]
+    (tmp_path / 'plan.json').write_text(json.dumps(entries))
+    return tmp_path / 'runs' / 'rd_attnres_s1', str(tmp_path / 'plan.json')
+
+
+def export_source(path):
+    from safetensors import safe_open
+    with safe_open(str(path), framework='pt') as f:
+        return json.loads(f.metadata()['config'])['source']
+
+
+def follow(command):
+    """A command the report names (python study.py ...), run as a user would, from the repository."""
+    assert command.startswith('python study.py '), command
+    return subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, env=ENV,
+                          cwd=HERE, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_runs_export_and_interventions_are_its_own_through_overwrite_and_rerun(data_dir, tmp_path):
+    from run_kit.run_files import stored_digest
+    run, plan = run_dir_and_plan(tmp_path)
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not (tmp_path / 'runs' / 'x').exists()                       # the '..' left no empty folder
+    final = run / 'final.safetensors'
+    assert export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))
+    # the report's advice followed: the study's command measures the two-route run
+    report = (tmp_path / 'plan_report.md').read_text()
+    p = follow(report.split('Not measured yet: 1 runs (runs/rd_attnres_s1): `')[1].split('`')[0])
+    assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    first = json.load(open(run / 'interventions.json'))
+    assert first['model']['step'] == 15 and first['model']['run'] == str(run)
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert (f"| 1 | step 15 (final), checkpoint {first['model']['checkpoint_sha256'][:8]} | "
+            f"{first['nll']['as_trained']:.4f} |") in report, report
+    # a kill during an export leaves its temporary file (GBs at the paper's size): the next run removes it
+    (run / 'final.safetensors.tmp').write_bytes(b'half an export')
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and p.stdout.count('done already') == 2 and not (run / 'final.safetensors.tmp').exists()
+    old_export = final.read_bytes()
+    # the entry changed, the run replaced (--overwrite): what was derived from the old run goes with it
+    run, plan = run_dir_and_plan(tmp_path, '--learning_rate=0.001')
+    p = study_run(plan, tmp_path, data_dir, '--overwrite')
+    assert p.returncode == 0 and 'removed final.safetensors and interventions.json' in p.stdout, p.stdout[-2000:]
+    assert not (run / 'interventions.json').exists()
+    assert export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))   # the new run's
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Not measured yet: 1 runs (runs/rd_attnres_s1)' in report and f"{first['nll']['as_trained']:.4f}" not in report
+    # the old run's files put back, as a train.py --overwrite outside the study would have left them: the report
+    # sets the numbers apart, the next run of the study exports the run there again
+    (run / 'interventions.json').write_text(json.dumps(first))
+    final.write_bytes(old_export)
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0 and export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '- runs/rd_attnres_s1: it measured another run: that run\'s final validation loss was' in report, report
+    assert f"| 1 | step 15 (final)" not in report
+    # and the advice measures it again
+    p = follow(report.split('Not measured yet: 1 runs (runs/rd_attnres_s1): `')[1].split('`')[0])
+    assert p.returncode == 0 and 'set apart' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    again = json.load(open(run / 'interventions.json'))
+    assert again['model']['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt')) != first['model']['checkpoint_sha256']
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert f"| 1 | step 15 (final), checkpoint {again['model']['checkpoint_sha256'][:8]} |" in report
+    assert 'Set apart' not in report and 'Not measured yet' not in report
+
+
+@pytest.mark.slow
+def test_the_reports_advice_works_on_the_cpu_plan(data_dir, tmp_path):
+    from helpers import train_here
+    run = tmp_path / 'study' / 'runs' / 'main_fp32' / 'rd_attnres_s1'   # one of the cpu plan's entries, tiny
+    train_here(data_dir, str(run), '--residual=rd_attnres', '--seed=1', '--dtype=float32')
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    command = report.split('Not measured yet: 1 runs (study/runs/main_fp32/rd_attnres_s1): `')[1].split('`')[0]
+    assert command == f'python study.py intervene cpu --root {tmp_path}'
+    p = follow(command)
+    assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    assert '| 1 | step 4 (final), checkpoint ' in report and 'Not measured yet' not in report, report
