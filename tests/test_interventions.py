@@ -138,3 +138,49 @@ def test_numbers_that_are_not_the_runs_final_model_are_set_apart(tmp_path):
         f.write(json.dumps(dict(step=100, eval_only=True, val_loss=3.0)) + '\n')
     text = intervene.report_section(root, 'runs', ['runs/rd_attnres_s6'], 'CMD')
     assert 'does not say which model it measured' in text and '| 6 |' not in text
+
+
+@pytest.mark.slow
+def test_a_run_still_training_or_diverged_is_refused_and_a_finished_one_measured(data_dir, tmp_path):
+    import signal
+    import time
+    from helpers import main_here, run_here, start
+    from run_kit.run_files import CHECKPOINT, checkpoint_progress
+    out = str(tmp_path / 'run')
+    proc = start(['--residual=rd_attnres', '--max_iters=12', '--eval_interval=4'], data_dir, out)
+    deadline = time.time() + 300
+    while (checkpoint_progress(os.path.join(out, CHECKPOINT)) or (0,))[0] < 4:   # its first checkpoint, step 4
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)   # held between two steps: still training, as far as its files say
+    try:
+        args = [f'--out_dir={out}', '--batch_size=8', f'--json={out}/interventions.json']
+        p = main_here(intervene.main, args)
+        assert p.returncode == 1 and 'is not finished (its checkpoint holds step' in p.stderr and 'of 12)' in p.stderr, \
+            p.stdout + p.stderr
+        assert not os.path.exists(f'{out}/interventions.json')
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=300) == 0, proc.communicate()
+    # what it says to do: the same command once the run has finished
+    p = main_here(intervene.main, args)
+    assert p.returncode == 0 and 'the final model of' in p.stdout, p.stdout + p.stderr
+    assert json.load(open(f'{out}/interventions.json'))['model']['step'] == 12
+    # a diverged run: refused, naming the divergence
+    bad = str(tmp_path / 'bad')
+    run_here(['--residual=rd_attnres', '--learning_rate=1e30', '--warmup_iters=1', '--max_iters=8', '--eval_interval=4'],
+             data_dir, bad, expect_ok=False)
+    p = main_here(intervene.main, [f'--out_dir={bad}'])
+    assert p.returncode == 1 and 'diverged (non-finite' in p.stderr and 'has no trained model' in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_sample_is_one_line(data_dir, tmp_path):
+    from helpers import run_here
+    from test_study import interrupted
+    out = str(tmp_path / 'run')
+    run_here(['--max_iters=2'], data_dir, out)
+    fifo = str(tmp_path / 'prompt')
+    os.mkfifo(fifo)   # the prompt file: sample.py waits on it, inside its main, once the model is loaded
+    interrupted([os.path.join(os.path.dirname(intervene.__file__), 'sample.py'), f'--out_dir={out}',
+                 f'--start=FILE:{fifo}', '--device=cpu'], fifo, 'sample.py: stopped by Ctrl-C; nothing was written')

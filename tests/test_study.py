@@ -549,3 +549,67 @@ def test_the_reports_advice_works_on_the_cpu_plan(data_dir, tmp_path):
     assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     report = (tmp_path / 'study' / 'report.md').read_text()
     assert '| 1 | step 4 (final), checkpoint ' in report and 'Not measured yet' not in report, report
+
+
+def interrupted(argv, fifo, said):
+    """Run a command that reads `fifo`, Ctrl-C it once it has opened the file (it then waits for its content),
+    and check that it ends in one line and status 130, no traceback."""
+    from configurator import EXIT_INTERRUPTED
+    from helpers import default_ctrl_c
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=HERE, preexec_fn=default_ctrl_c)
+    deadline = time.time() + 300
+    while True:   # the event: the command has the file open (a writer's open succeeds once a reader is there)
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        os.close(writer)
+    assert proc.returncode == EXIT_INTERRUPTED and 'Traceback' not in err, err[-3000:]
+    assert err.strip().splitlines() == [err.strip()] and said in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('tool', ['study report', 'compare', 'intervene'])
+def test_ctrl_c_is_one_line(tmp_path, tool):
+    plan = hand_made_study(tmp_path, seeds=(1,))
+    run = tmp_path / 'runs' / 'attnres_s1'
+    fifo = str(tmp_path / 'fifo')
+    if tool == 'intervene':   # --same_as reads the other run's log first: a log that is a pipe
+        os.makedirs(tmp_path / 'other')
+        os.mkfifo(tmp_path / 'other' / 'log.jsonl')
+        fifo = str(tmp_path / 'other' / 'log.jsonl')
+        argv = ['intervene.py', f'--out_dir={run}', f'--same_as={tmp_path / "other"}', f'--json={run}/i.json']
+        said = 'intervene.py: stopped by Ctrl-C; nothing was written'
+    else:                     # a run's log that is a pipe: the report (or compare.py) reads it
+        os.remove(run / 'log.jsonl')
+        os.mkfifo(run / 'log.jsonl')
+        fifo = str(run / 'log.jsonl')
+        argv = (['study.py', 'report', plan, '--root', str(tmp_path)] if tool == 'study report' else
+                ['compare.py', str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+        said = f"{argv[0]}: stopped by Ctrl-C;"
+    interrupted([os.path.join(HERE, argv[0]), *argv[1:]], fifo, said)
+    assert not (tmp_path / 'plan_report.md').exists() and not (tmp_path / 'c.json').exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('tool', ['study report', 'compare'])
+def test_a_full_disk_is_one_line(tmp_path, tool):
+    from configurator import EXIT_WRITE
+    from helpers import limit_file_size
+    plan = hand_made_study(tmp_path)
+    argv = (['study.py', 'report', plan, '--root', str(tmp_path)] if tool == 'study report' else
+            ['compare.py', str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+    p = subprocess.run([sys.executable, os.path.join(HERE, argv[0]), *argv[1:]], capture_output=True, text=True,
+                       env=ENV, cwd=HERE, timeout=600, preexec_fn=limit_file_size(100))   # a file of 100 bytes at most
+    assert p.returncode == EXIT_WRITE and 'Traceback' not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and 'could not write' in p.stderr, p.stderr
+    assert 'File too large' in p.stderr and 'Make room' in p.stderr
+    left = [f for f in __import__('glob').glob(str(tmp_path / '**' / '*'), recursive=True) if f.endswith('.tmp')]
+    assert not left and not (tmp_path / 'c.json').exists() and not (tmp_path / 'plan_report.md').exists()
