@@ -567,8 +567,13 @@ def interrupted(argv, fifo, said):
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
             time.sleep(0.01)
     try:
+        # and then waits in its read (a signal that comes before the read starts is noted by Python but acted on
+        # only after the read returns, which it never would): Linux says where a process sleeps
+        while 'pipe' not in open(f'/proc/{proc.pid}/wchan').read():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=60)
     finally:
         os.close(writer)
     assert proc.returncode == EXIT_INTERRUPTED and 'Traceback' not in err, err[-3000:]
