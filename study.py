@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from configurator import WriteFailed, configure, run_command
 from run_kit.common import FROZEN_ON_RESUME, build_model, schedule_length
 from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
-                               existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log)
+                               existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log,
+                               write_failed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -379,11 +380,16 @@ def run_env(root):
 def launch(run, root, launcher, extra, index, stop, replace=False):
     """Run one run to its end (or its checkpoint after a signal); its output is appended to train.out."""
     path = os.path.join(root, run.out_dir)
-    os.makedirs(path, exist_ok=True)
     cmd = shlex.split(launcher.replace('{index}', str(index))) + run.argv(root, extra, replace)
-    with open(os.path.join(path, 'train.out'), 'a') as out:
+    try:
+        os.makedirs(path, exist_ok=True)
+        out = open(os.path.join(path, 'train.out'), 'a')
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
+    except OSError as e:   # (a full disk: the run is not started)
+        raise WriteFailed(write_failed(os.path.join(path, 'train.out'), e, "the run was not started",
+                                       then="run the same command again").code) from None
+    with out:
         try:
             stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, env=run_env(root),
                                           start_new_session=True)
@@ -465,8 +471,8 @@ def export_final(path):
         try:
             sample.export(model, dict(saved, source=export_source(path, digest)), final)
         except WriteFailed as e:
-            raise WriteFailed(f"{e} (then run the same command again: finished runs are skipped, their exports "
-                              "written)") from None
+            raise WriteFailed(f"{e} To export it, run the same command again: finished runs are skipped, their "
+                              "exports written.") from None
         return ''
     finally:
         held.close()
@@ -648,11 +654,12 @@ def intervene_plan(name, root, device='cpu', data_dir=''):
         state, detail = intervene.run_state(root, path)
         run_dir = os.path.join(root, path)
         if state == 'apart' and not intervene.run_state_weights(root, path):
-            state = 'apart, no weights'
+            state, detail = 'apart, not measured again', f"its {intervene.JSON} is set apart ({detail})"
         counts[state] = counts.get(state, 0) + 1
         if state not in ('measure', 'apart'):
             if state is not None and state != 'numbers':
-                print(f"[{i}/{len(runs)}] {path}: {state.replace('_', ' ')}, not measured", flush=True)
+                print(f"[{i}/{len(runs)}] {path}: {detail or state.replace('_', ' ')}; not measured (finished runs "
+                      "with their weights here are)", flush=True)
             continue
         if state == 'apart':
             print(f"[{i}/{len(runs)}] {path}: its {intervene.JSON} is set apart ({detail}): measured again", flush=True)

@@ -75,6 +75,7 @@ def study_cmd(plan, root, data_dir, *more):
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 
+@pytest.mark.slow
 def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'mini.json', [('attnres', 1), ('rd_attnres', 1), ('attnres', 2)])
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
@@ -106,8 +107,13 @@ def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     for _ in range(2):
         p = subprocess.run(report_cmd, capture_output=True, text=True, env=ENV, timeout=600)
         assert p.returncode == 0 and (whole / 'mini_report.md').read_text() == first, p.stderr[-2000:]
+    results = whole / 'runs' / 'results.json'
+    before = os.stat(results).st_ino
     killed = subprocess.Popen(report_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    time.sleep(1.0)
+    deadline = time.time() + 300
+    while os.stat(results).st_ino == before and killed.poll() is None:   # killed as it writes: once it has
+        assert time.time() < deadline, 'the report did not write in time'  # replaced results.json, plots next
+        time.sleep(0.001)
     killed.kill()
     killed.wait()
     # what a kill mid-write leaves, planted too (wherever the kill above landed)
@@ -128,6 +134,7 @@ def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     assert p.returncode == 0 and p.stdout.count('done already') == 3
 
 
+@pytest.mark.slow
 def test_a_failing_run_stops_the_study_naming_it(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'bad.json', [('attnres', 1), ('attnres', 2, '--n_head=3'), ('attnres', 3)])
     p = subprocess.run(study_cmd(plan, tmp_path, data_dir), capture_output=True, text=True, env=ENV, timeout=600)
@@ -203,6 +210,7 @@ def test_slurm_script_builds_the_launcher_and_requeues_after_a_stop(tmp_path, co
     assert ('requeue 4242' in calls) == requeued
 
 
+@pytest.mark.slow
 def test_slurm_script_runs_a_plan_through_torchrun(data_dir, tmp_path):
     # srun on one node: run the task command here (drop srun's own options); torchrun's c10d rendezvous on
     # localhost with one CPU process per "node"
@@ -229,6 +237,7 @@ def config_of(path):
     return json.load(open(os.path.join(path, 'config.json')))
 
 
+@pytest.mark.slow
 def test_a_folder_counts_as_done_only_for_the_entry_that_ran_there(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
     assert study_run(plan, tmp_path, data_dir, '--no_report').returncode == 0
@@ -266,6 +275,7 @@ def test_a_folder_counts_as_done_only_for_the_entry_that_ran_there(data_dir, tmp
     assert config_of(first)['learning_rate'] == 0.0005
 
 
+@pytest.mark.slow
 def test_the_committed_cpu_study_is_done_for_its_plan():
     # config.json of these runs hold another machine's absolute out_dir, its git commit and torch version, and
     # none of the keys train.py gained since: none of that is the entry's configuration
@@ -301,6 +311,7 @@ def test_entries_that_resolve_to_one_folder_are_refused(tmp_path, second):
         os.listdir(runs / 'run_a') == []                    # nothing was written there
 
 
+@pytest.mark.slow
 def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
     blow_up = ('--learning_rate=1e30', '--warmup_iters=1')
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1, *blow_up), ('rd_attnres', 1), ('standard', 1)])
@@ -335,6 +346,7 @@ def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
     assert 'Diverged' not in report and '### rd_attnres vs attnres' in report and '### attnres vs standard' in report
 
 
+@pytest.mark.slow
 def test_a_busy_folder_stops_the_study_and_the_same_command_then_finishes(data_dir, tmp_path):
     from run_kit.run_files import lock_folder
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
