@@ -34,6 +34,7 @@ system (a link) or on a case-insensitive one (names that differ only in case).
 
 import argparse
 import difflib
+import functools
 import glob
 import json
 import os
@@ -46,7 +47,7 @@ import sys
 from dataclasses import dataclass, field
 
 from configurator import WriteFailed, configure, run_command
-from run_kit.common import FROZEN_ON_RESUME, build_model, schedule_length
+from run_kit.common import FROZEN_ON_RESUME, MODEL_KEYS, build_model, schedule_length
 from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
                                existing_run, is_finished, killed_before_first_checkpoint, read_config, read_log,
                                write_failed)
@@ -299,13 +300,21 @@ def run_state(path):
 
 def run_flops(cfg):
     """Training + evaluation FLOPs of a run, from its configuration (the model built on the meta device, no memory)."""
-    import torch
-    with torch.device('meta'):
-        model = build_model(cfg)
     train_tokens = cfg['max_iters'] * cfg['total_batch_size']
     eval_tokens = (cfg['max_iters'] // cfg['eval_interval'] + 1) * cfg['eval_tokens']
-    per_token = model.flops_per_token()
+    per_token = flops_per_token(tuple(cfg[k] for k in MODEL_KEYS), cfg.get('depth_read'))
     return per_token * train_tokens + per_token / 3 * eval_tokens   # an evaluation is a forward pass
+
+
+@functools.lru_cache(maxsize=None)
+def flops_per_token(model_values, depth_read):
+    """A model's FLOPs per training token, built once per shape (a plan's seeds and budgets share a few shapes;
+    building one, even on the meta device, takes a third of a second)."""
+    import torch
+    from unittest import mock
+    keep = lambda t, *args, **kwargs: t   # meta tensors hold no values, yet their random init takes most of a build
+    with torch.device('meta'), mock.patch('torch.nn.init.normal_', keep), mock.patch('torch.nn.init.zeros_', keep):
+        return build_model(dict(zip(MODEL_KEYS, model_values), depth_read=depth_read)).flops_per_token()
 
 
 def format_hours(seconds):
