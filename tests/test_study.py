@@ -561,6 +561,26 @@ def test_the_reports_advice_works_on_the_cpu_plan(data_dir, tmp_path):
     assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     report = (tmp_path / 'study' / 'report.md').read_text()
     assert '| 1 | step 4 (final), checkpoint ' in report and 'Not measured yet' not in report, report
+    # a run whose weights are not here (as the committed runs: their logs only): the way the report says,
+    # a rerun whose log equals the run's (here the run above: the same log, copied) measured against it
+    import shutil
+    kept = tmp_path / 'study' / 'runs' / 'main' / 'rd_attnres_s1'
+    os.makedirs(kept)
+    for name in ('config.json', 'log.jsonl'):
+        shutil.copy(run / name, kept)
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    said = report.split('No interventions yet for 1 runs of rd_attnres or ctrl_heads here (study/runs/main/rd_attnres_s1)')[1]
+    command = said.split('`')[1]
+    assert command.startswith('python intervene.py --out_dir=<the rerun> --same_as=<the run> '), command
+    command = command.replace('<the rerun>', str(run)).replace('<the run>', str(kept))
+    from helpers import main_here
+    import intervene
+    p = main_here(intervene.main, shlex.split(command)[2:])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    assert '| 1 | step 4 (final), of a rerun with an equal log |' in report and 'No interventions yet' not in report
 
 
 def interrupted(argv, fifo, said):
