@@ -28,9 +28,9 @@ import os
 import sys
 
 from model import ATTENTION_ROUTES
-from run_kit.common import FROZEN_ON_RESUME, GROUP_KEYS
+from run_kit.common import FROZEN_ON_RESUME, GROUP_KEYS, WriteFailed, run_command
 from run_kit.run_files import (LOG, RunFileError, atomic_write, describe_divergence, divergence_of, logged_evals,
-                               read_config, read_log)
+                               read_config, read_log, write_failed)
 
 # ctrl_mix is a removed mode (docs/controls.md): listed so that its committed logs still compare
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
@@ -395,6 +395,15 @@ def write_json(path, results):
     atomic_write(path, json.dumps(clean(results), indent=2))
 
 
+def written(path, write, kept, then):
+    """write() of the file or folder `path`; a write that fails (a full disk, a file size limit, no permission) as
+    WriteFailed, the one line its command ends with: what failed, what is kept (kept), what to do (then)."""
+    try:
+        return write()
+    except OSError as e:
+        raise WriteFailed(write_failed(path, e, kept, then=then, elsewhere='a path').code) from None
+
+
 # -----------------------------------------------------------------------------
 # Plots (matplotlib is imported only here)
 
@@ -481,6 +490,21 @@ def plot_routing(plt, run, routed, out_dir):
     return [path]
 
 
+def unchecked_lines(results, runs):
+    """The pairs of results whose data order could not be checked: no step of the two logs has a data digest
+    or a data fingerprint in both (logs of a train.py that kept neither), as lines; '' if none."""
+    by_path = {run['path']: run for run in runs}
+    lines = []
+    for r in results:
+        for row in r['pairs']:
+            a, b = by_path[row['arm_run']], by_path[row['parent_run']]
+            if not set(a['digests']) & set(b['digests']) and not set(a['hashes']) & set(b['hashes']):
+                lines.append(f"- {row['arm_run']} and {row['parent_run']} ({r['arm']} vs {r['parent']}, seed "
+                             f"{row['seed']}): unpaired-unchecked, neither log holds a data digest or fingerprint at "
+                             "a step of the other's, so whether they trained on the same windows is not known")
+    return '\n'.join(dict.fromkeys(lines)) + '\n' if lines else ''
+
+
 def unrelated_arms(groups, n_runs):
     """For runs of one shape and budget holding two or more modes of which none is another's parent (e.g.
     the quickstart's rd_attnres and a standard run): a message naming the --pair that compares them, or ''."""
@@ -536,16 +560,21 @@ def main(argv=None):
     diverged = diverged_lines(runs, groups, extra)
     if diverged:
         print(f"### Diverged (kept as results: no evaluation at the last step)\n\n{diverged}")
+    unchecked = unchecked_lines(results, runs)
+    if unchecked:
+        print(f"### Unchecked (in the tables above, their data order not verified)\n\n{unchecked}")
     if skipped:
         print(f"### Skipped ({len(skipped)} paths that are not runs)\n\n" + skipped_lines(skipped))
     if not results and unrelated_arms(groups, len(runs)):
         raise SystemExit(unrelated_arms(groups, len(runs)))
     if not results:
         raise SystemExit(f"found {len(runs)} runs but no complete pair: {no_pair_reason(runs, groups, args.step)}")
+    again = "run the same command again"
     if args.json:
-        write_json(args.json, results)
+        written(args.json, lambda: write_json(args.json, results), f"{args.json} is as it was", again)
     if args.plot:
-        for path in plot(results, groups, args.plot):
+        for path in written(args.plot, lambda: plot(results, groups, args.plot),
+                            "the plots written before it are whole, the others as they were", again):
             print(f"wrote {path}")
     if refused and args.strict:
         raise SystemExit(f"--strict: {len(refused)} runs could not be paired (listed above)")
@@ -553,4 +582,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_command(main, sys.argv[1:], 'compare.py', "it writes nothing but --json and --plot, each file whole "
+                                                           "or not at all"))

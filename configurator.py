@@ -173,3 +173,4 @@ def exit_on_help(name, path, more):
     if name == '__main__' and any(arg in HELP_FLAGS for arg in sys.argv[1:]):
         print(help_text(path, more))
         raise SystemExit(0)
+

@@ -2,9 +2,10 @@
 What a trained model's two routes are worth: the validation NLL of the same weights with one route's
 pseudo-query set to the other's, at evaluation only (docs/results.md, "Route interventions").
 
-    python intervene.py --out_dir=out/quickstart                     # a run's checkpoint
-    python intervene.py --weights=study/runs/main_fp32/rd_attnres_s1/final.safetensors --dataset=study
+    python intervene.py --out_dir=out/quickstart                     # a finished run's final checkpoint
+    python intervene.py --weights=study/runs/main_fp32/rd_attnres_s1/final.safetensors   # its export
     python intervene.py --out_dir=RUN --json=RUN/interventions.json  # also write the numbers (study.py reads them)
+    python study.py intervene PLAN                                   # every two-route run of a study's plan
 
 rd_attnres (the RD-AttnRes paper: tying the two routes' pseudo-queries recovers the parent architecture):
     as_trained   the routes as trained
@@ -12,9 +13,14 @@ rd_attnres (the RD-AttnRes paper: tying the two routes' pseudo-queries recovers 
                  trained weights (exactly an attnres model carrying them, tests/test_interventions.py)
     qk_as_v      the qk route reads with the v route's
 ctrl_heads (the control's answer to the same question): heads2_as_heads1, heads1_as_heads2.
-Each on the run's fixed validation windows (the first eval_tokens of val.bin, as train.py evaluates), in
-float32, deterministic. ΔNLL = NLL(intervention) − NLL(as trained): what the model loses when its two
-routes are made one.
+Each on the run's own validation windows (its eval_tokens, the first of val.bin of the data build it trained on,
+as train.py evaluates), in float32, deterministic. ΔNLL = NLL(intervention) − NLL(as trained): what the model
+loses when its two routes are made one.
+
+Only a finished run's final model is measured: a run still training, stopped, or diverged is refused, naming the
+step its checkpoint holds. The output (and --json) says which model was measured (its run, step, the checksum of
+its checkpoint, its final validation loss as logged) and on which set; study.py's report checks each against the
+run in its folder and sets apart numbers that are not that run's final model.
 """
 
 import json
@@ -26,14 +32,14 @@ from configurator import configure, exit_on_help
 exit_on_help(__name__, __file__, 'docs/results.md, "Route interventions"')   # before torch loads
 import torch
 
-from model import ATTENTION_ROUTES
+from run_kit.common import WriteFailed, run_command
 
 DEFAULTS = dict(
-    out_dir='',            # a run directory: its ckpt.pt
-    weights='',            # or a .safetensors file written by sample.py --export (or study.py)
-    data_dir='data',
-    dataset='',            # '' = the run's (from its config.json), else e.g. 'study'
-    eval_tokens=131072,    # the first eval_tokens of val.bin (the CPU study's: 512 windows of 256)
+    out_dir='',            # a finished run's directory: its final ckpt.pt
+    weights='',            # or a .safetensors file written by sample.py --export (or study.py: RUN/final.safetensors)
+    data_dir='',           # '' = the run's (its configuration's data_dir)
+    dataset='',            # '' = the run's (its configuration's), else e.g. 'study'
+    eval_tokens=0,         # 0 = the run's own: its eval_tokens, the first of val.bin (the CPU study's: 131072)
     batch_size=32,
     json='',               # also write the results here
     same_as='',            # with out_dir: a run directory whose log this run's must equal row for row (a retrained
@@ -86,32 +92,136 @@ def interventions(model, val, eval_tokens, batch_size, device='cpu'):
     return out
 
 
+def config_hash(config):
+    """Which run a configuration is, as a digest: the keys that say what its numbers mean (frozen on a resume)
+    and its budget. Recorded with the numbers; the report compares it with the configuration in the run's folder."""
+    import hashlib
+    from run_kit.common import FROZEN_ON_RESUME
+    keys = sorted(set(FROZEN_ON_RESUME) | {'max_iters'})
+    return hashlib.sha256(json.dumps({k: config.get(k) for k in keys}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def final_model(run_dir):
+    """What run_dir's final model is, or SystemExit saying why there is none to measure (a run that diverged,
+    or that is not finished: still training, stopped, killed): dict(config, step, val_loss, data_digest), the
+    step and validation loss of its last evaluation as logged."""
+    from run_kit.run_files import (CHECKPOINT, LOG, RunFileError, checkpoint_progress, describe_divergence, divergence,
+                                   logged_evals, read_config, read_log)
+    from run_kit.run_dir import is_finished
+    try:
+        config = read_config(run_dir)
+    except RunFileError as e:
+        raise SystemExit(f"{run_dir} is not a run that can be measured: {e}") from None
+    ckpt = checkpoint_progress(os.path.join(run_dir, CHECKPOINT))
+    held = f"its checkpoint holds step {ckpt[0]}" if ckpt else "it has no readable checkpoint"
+    diverged = divergence(run_dir)
+    if diverged:
+        raise SystemExit(f"{run_dir} diverged ({describe_divergence(diverged)}): it has no trained model ({held}, the "
+                         "last good one, not a result). A diverged run has no interventions; the study's report lists "
+                         "it with the pairs it breaks.")
+    if not is_finished(run_dir):
+        raise SystemExit(f"{run_dir} is not finished ({held} of {config['max_iters']}): measured now, its numbers would "
+                         f"be that step's, not the trained model's. Run this command again once the run has finished "
+                         "(a stopped run continues with train.py --init_from=auto, or study.py run).")
+    final = logged_evals(read_log(os.path.join(run_dir, LOG)))[config['max_iters']]
+    return dict(config=config, step=config['max_iters'], val_loss=final['val_loss'], data_digest=final.get('data_digest'))
+
+
+def run_beside(weights):
+    """The run folder a weights file lies in (study.py exports RUN/final.safetensors), or None."""
+    folder = os.path.dirname(os.path.abspath(weights))
+    return folder if os.path.exists(os.path.join(folder, 'config.json')) else None
+
+
+def which_model(cfg, saved):
+    """(the record of the model to measure, the run's configuration or {}): its run folder, step, whether it is
+    the run's final model, its checkpoint's checksum, the run's final validation loss as logged. Refuses a model
+    that is not a finished run's final one where that can be told: from its run folder (--out_dir, or the folder
+    an export lies in) or from the export's header (study.py's exports say what they were derived from)."""
+    from run_kit.run_files import CHECKPOINT, stored_digest
+    source = saved.get('source') if isinstance(saved.get('source'), dict) else {}
+    run_dir = cfg['out_dir'] or run_beside(cfg['weights'])
+    record = dict(run=None, step=saved.get('step'), max_iters=source.get('max_iters'), final=None,
+                  file=os.path.abspath(cfg['weights'] or os.path.join(cfg['out_dir'], CHECKPOINT)),
+                  config_sha256=source.get('config_sha256'), checkpoint_sha256=source.get('checkpoint_sha256'),
+                  val_loss=source.get('val_loss'))
+    if record['max_iters'] is not None:
+        record['final'] = record['step'] == record['max_iters']
+    if not run_dir:
+        return record, dict(source)   # (an export on its own: what its header says)
+    final = final_model(run_dir)
+    config = final['config']
+    record.update(run=os.path.abspath(run_dir), max_iters=final['step'], final=record['step'] == final['step'])
+    why = None
+    if not record['final']:
+        why = f"it holds step {record['step']} of that run, whose final model is step {final['step']}"
+    elif record['config_sha256'] not in (None, config_hash(config)):
+        why = "it was exported from a run of another configuration in that folder (since replaced)"
+    elif record['val_loss'] not in (None, final['val_loss']):
+        why = (f"it was exported from a run whose final validation loss was {record['val_loss']:.4f}; the run there "
+               f"now logged {final['val_loss']:.4f} (it was replaced since)")
+    if why:
+        raise SystemExit(f"{cfg['weights'] or cfg['out_dir']} is not the final model of the run in {run_dir}: {why}. "
+                         f"Measure the run itself: python intervene.py --out_dir={run_dir}")
+    if cfg['out_dir']:
+        record['checkpoint_sha256'] = stored_digest(os.path.join(run_dir, CHECKPOINT))
+    record.update(config_sha256=config_hash(config), val_loss=final['val_loss'])
+    return record, config
+
+
 def main(argv):
     import prepare
     import sample
+    from run_kit.run_files import atomic_write, write_failed
     cfg = configure(DEFAULTS, argv)
     if not cfg['out_dir'] and not cfg['weights']:
         raise SystemExit("give a trained model: --out_dir=<run directory> or --weights=<file>.safetensors")
     torch.use_deterministic_algorithms(True)
     checked = same_log(cfg['out_dir'], cfg['same_as']) if cfg['same_as'] else None
+    if cfg['out_dir']:
+        final_model(cfg['out_dir'])   # before its checkpoint is read: a run still training, stopped or diverged
     model, saved, origin = sample.load_model(dict(out_dir=cfg['out_dir'], weights=cfg['weights']))
-    dataset = cfg['dataset'] or saved.get('dataset')
+    measured, run = which_model(cfg, saved)
+    run = {**saved, **run}   # the run's configuration where known (config.json, the checkpoint's, an export's source)
+    dataset = cfg['dataset'] or run.get('dataset')
     if not dataset:
         raise SystemExit(f"{origin} does not say which data it was trained on: give --dataset (and --data_dir)")
-    _, val, data_id = prepare.read_dataset(cfg['data_dir'], dataset)
+    eval_tokens = cfg['eval_tokens'] or run.get('eval_tokens')
+    if not eval_tokens:
+        raise SystemExit(f"{origin} does not say which evaluation set its run used: give --eval_tokens=<the run's "
+                         "eval_tokens> (its config.json has it)")
+    data_dir = cfg['data_dir'] or run.get('data_dir') or 'data'
+    _, val, data_id = prepare.read_dataset(data_dir, dataset)
     if saved.get('data_id') not in (None, data_id):
-        raise SystemExit(f"{cfg['data_dir']}/{dataset} is another build (data_id {data_id}) than the one the model was "
+        raise SystemExit(f"{data_dir}/{dataset} is another build (data_id {data_id}) than the one the model was "
                          f"trained on ({saved['data_id']}): its validation tokens are not the run's. Point --data_dir "
                          "at that build (docs/results.md says how the CPU study's builds are made)")
-    nlls = interventions(model, val, cfg['eval_tokens'], cfg['batch_size'], cfg['device'])
-    print(f"{saved['residual']} model from {origin}, {dataset} validation, float32")
+    T = model.config.block_size
+    windows = min((len(val) - 1) // T, eval_tokens // T)
+    own = run.get('eval_tokens') in (None, eval_tokens)
+    evaluated = dict(dataset=dataset, data_id=data_id, eval_tokens=eval_tokens, windows=windows, block_size=T,
+                     runs_own=own and run.get('eval_tokens') is not None)
+    nlls = interventions(model, val, eval_tokens, cfg['batch_size'], cfg['device'])
+    which = ("the final model" if measured['final'] else f"step {measured['step']} (whether it is its run's final "
+             "model is not known: the file is not in its run's folder nor says so)" if measured['final'] is None
+             else f"step {measured['step']}, not the final model")
+    print(f"{saved['residual']} model from {origin}: {which}" +
+          (f" of {measured['run']}" if measured['run'] else ''))
+    whose = ('the run’s own evaluation set' if evaluated['runs_own'] else 'not the run’s own evaluation set' if not own
+             else 'the run’s evaluation set not known')
+    print(f"on {dataset} validation (data_id {data_id}): the first {windows * T:,} tokens ({windows} windows of {T}), "
+          f"{whose}; float32")
     for name, value in nlls.items():
         print(f"{name:18s} NLL {value:.5f}" + ('' if name == 'as_trained' else f"   Δ {value - nlls['as_trained']:+.5f}"))
     if cfg['json']:
-        from run_kit.run_files import atomic_write
-        atomic_write(cfg['json'], json.dumps(dict(residual=saved['residual'], seed=saved.get('seed'), data_id=data_id,
-                                                  eval_tokens=cfg['eval_tokens'], nll=nlls,
-                                                  **(dict(same_log_as=checked) if checked else {})), indent=1) + '\n')
+        text = json.dumps(dict(residual=saved['residual'], seed=saved.get('seed'), data_id=data_id,
+                               eval_tokens=eval_tokens, nll=nlls, model=measured, eval=evaluated,
+                               **(dict(same_log_as=checked) if checked else {})), indent=1) + '\n'
+        try:
+            atomic_write(cfg['json'], text)
+        except OSError as e:
+            raise WriteFailed(write_failed(cfg['json'], e, f"{cfg['json']} is as it was", then="run the same command "
+                                           "again", elsewhere="a path").code) from None
         print(f"wrote {cfg['json']}")
     return 0
 
@@ -133,51 +243,168 @@ def same_log(out_dir, reference):
 
 
 # -----------------------------------------------------------------------------
-# The study's report: a table per seed and the paired summary, from each run's interventions.json
+# The study's report: a table per seed and the paired summary, from each run's interventions.json, each checked
+# against the run in its folder
 
-def report_section(root, folder, runs):
-    """Markdown for study.py report: the interventions of the runs of `folder` (paths relative to root) that
-    have an interventions.json; a line naming the runs of a two-route mode that have none."""
-    from compare import paired_stats, sign_count
-    rows, missing = {}, []
-    for path in runs:
-        found = os.path.join(root, path, 'interventions.json')
+JSON = 'interventions.json'
+
+
+def measured_problem(r, run_dir, path, config):
+    """Why the numbers r (a run's interventions.json) are not its run's final model measured on the run's own
+    evaluation set, or None. path: the run as the report names it (relative to the study's root)."""
+    from run_kit.run_files import (CHECKPOINT, LOG, describe_divergence, divergence, logged_evals, read_log, stored_digest)
+    from run_kit.run_dir import is_finished
+    if (r.get('residual'), r.get('seed')) != (config['residual'], config['seed']):
+        return (f"it measured a {r.get('residual')} model of seed {r.get('seed')}; the run is {config['residual']} "
+                f"seed {config['seed']}")
+    diverged = divergence(run_dir)
+    if diverged:
+        return f"the run diverged ({describe_divergence(diverged)}): it has no trained model to measure"
+    if not is_finished(run_dir):
+        return "the run is not finished: it has no final model yet"
+    rows = read_log(os.path.join(run_dir, LOG))
+    final = logged_evals(rows)[config['max_iters']]
+    if r.get('eval_tokens') != config.get('eval_tokens') or r.get('data_id') not in (None, config.get('data_id')):
+        return (f"it measured the first {r.get('eval_tokens')} tokens of data build {r.get('data_id')}, not the run's "
+                f"own evaluation set (its first {config.get('eval_tokens')} of build {config.get('data_id')})")
+    m = r.get('model')
+    rerun = (r.get('same_log_as') or '').split(':')[0]
+    rerun = bool(rerun) and os.path.normpath(rerun) in (os.path.normpath(path), os.path.normpath(run_dir))
+    if not isinstance(m, dict):
+        # written before intervene.py said which model it measured: only a rerun checked row for row against this
+        # run's log (--same_as) names it, and only while this log is the one it was checked against
+        if rerun and r['same_log_as'].endswith(f": {len(rows)} log rows equal"):
+            return None
+        return "it does not say which model it measured (written by an older intervene.py)"
+    if m.get('step') != config['max_iters']:
+        return f"it measured step {m.get('step')}, not the run's final model (step {config['max_iters']})"
+    if m.get('val_loss') is None:
+        return "it does not say which run it measured (an export outside its run's folder)"
+    if m['val_loss'] != final['val_loss']:
+        return (f"it measured another run: that run's final validation loss was {m['val_loss']:.4f}, this run's is "
+                f"{final['val_loss']:.4f} (the numbers of a run since replaced)")
+    here = m.get('run') is not None and os.path.realpath(m['run']) == os.path.realpath(run_dir)
+    if here and m.get('config_sha256') != config_hash(config):
+        return "it measured a run of another configuration in this folder (since replaced)"
+    ckpt = os.path.join(run_dir, CHECKPOINT)
+    if here and m.get('checkpoint_sha256') and os.path.exists(ckpt) and stored_digest(ckpt) != m['checkpoint_sha256']:
+        return "it measured another checkpoint than this run's final one (since replaced)"
+    return None
+
+
+def model_label(r, run_dir):
+    """Which model the numbers are of, in a few words, for the report's table."""
+    m = r.get('model')
+    if not isinstance(m, dict):
+        return "final, of a rerun with an equal log"
+    if m.get('run') and os.path.realpath(m['run']) != os.path.realpath(run_dir) and r.get('same_log_as'):
+        return f"step {m['step']} (final), of a rerun with an equal log"
+    digest = m.get('checkpoint_sha256')
+    return f"step {m['step']} (final)" + (f", checkpoint {digest[:8]}" if digest else '')
+
+
+def run_state(root, path):
+    """(state, detail) of a plan's run for its interventions: ('numbers', (mode, seed, nll, label)) where its
+    interventions.json is its final model's; ('apart', why) where that file is not; else, for a run of a two-route
+    mode, 'measure' (finished, its weights here: ckpt.pt or final.safetensors), 'no_weights', 'unfinished' or
+    'diverged'; (None, None) for anything else (not a run yet, one route)."""
+    from run_kit.run_files import CHECKPOINT, RunFileError, divergence, read_config
+    from run_kit.run_dir import is_finished
+    run_dir = os.path.join(root, path)
+    try:
+        config = read_config(run_dir)
+    except RunFileError:
+        return None, None
+    found = os.path.join(run_dir, JSON)
+    if os.path.exists(found):
         try:
             with open(found) as f:
                 r = json.load(f)
-            rows.setdefault(r['residual'], {})[int(r['seed'])] = r['nll']
-        except (OSError, ValueError, KeyError, TypeError):
-            if any(os.path.basename(path).startswith(mode + '_s') for mode in TIES):
-                missing.append(path)
-    if not rows and not missing:
+            nll = {n: float(r['nll'][n]) for n in ['as_trained', *TIES[r['residual']]]}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return 'apart', f"{JSON} cannot be read as intervene.py's ({type(e).__name__})"
+        why = measured_problem(r, run_dir, path, config)
+        if why is None:
+            return 'numbers', (config['residual'], config['seed'], nll, model_label(r, run_dir))
+        return 'apart', why
+    if config.get('residual') not in TIES:
+        return None, None
+    if divergence(run_dir):
+        return 'diverged', None
+    if not is_finished(run_dir):
+        return 'unfinished', None
+    has_weights = any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, 'final.safetensors'))
+    return ('measure' if has_weights else 'no_weights'), None
+
+
+def report_section(root, folder, runs, command='python study.py intervene <plan>'):
+    """Markdown for study.py report: the interventions of the plan's runs in `folder` (`runs`: their paths relative
+    to root), each checked against the run in its folder; numbers that are not that run's final model on its own
+    evaluation set are set apart, saying why; the two-route runs without numbers are named, with `command`, which
+    measures them ('' where there is nothing to say)."""
+    from compare import paired_stats, sign_count
+    rows, apart, waiting = {}, [], {'measure': [], 'no_weights': [], 'unfinished': []}
+    for path in runs:
+        state, detail = run_state(root, path)
+        if state == 'numbers':
+            mode, seed, nll, label = detail
+            rows.setdefault(mode, {})[seed] = (nll, label)
+        elif state == 'apart':
+            apart.append((path, detail))
+        elif state in waiting:
+            waiting[state].append(path)
+    if not rows and not apart and not any(waiting.values()):
         return ''
     out = [f"### Route interventions ({folder})\n",
            "Validation NLL of the trained weights with one route's pseudo-query set to the other's (intervene.py); "
-           "Δ = NLL(intervention) − NLL(as trained), > 0: the model loses by it.\n"]
+           "Δ = NLL(intervention) − NLL(as trained), > 0: the model loses by it. Each run's final model, on the run's "
+           "own evaluation set (its eval_tokens of the data build it trained on), float32.\n"]
     for mode, by_seed in sorted(rows.items()):
         names = list(TIES[mode])
-        out.append(f"| {mode} seed | as trained | " + ' | '.join(f"{n} | Δ" for n in names) + ' |')
-        out.append('|---:|---:|' + '---:|---:|' * len(names))
+        out.append(f"| {mode} seed | model | as trained | " + ' | '.join(f"{n} | Δ" for n in names) + ' |')
+        out.append('|---:|---|---:|' + '---:|---:|' * len(names))
         for seed in sorted(by_seed):
-            v = by_seed[seed]
-            out.append(f"| {seed} | {v['as_trained']:.4f} | " +
+            v, label = by_seed[seed]
+            out.append(f"| {seed} | {label} | {v['as_trained']:.4f} | " +
                        ' | '.join(f"{v[n]:.4f} | {v[n] - v['as_trained']:+.4f}" for n in names) + ' |')
         out.append('')
         out.append('| intervention | n | mean Δ | sd | 95% CI | Δ > 0 | sign test p |')
         out.append('|---|---:|---:|---:|---|---:|---:|')
         for n in names:
-            deltas = [by_seed[s][n] - by_seed[s]['as_trained'] for s in sorted(by_seed)]
+            deltas = [by_seed[s][0][n] - by_seed[s][0]['as_trained'] for s in sorted(by_seed)]
             st = paired_stats(deltas)
             out.append(f"| {mode}: {n} | {st['n']} | {st['mean_delta']:+.4f} | {fmt(st['sd'])} | "
                        f"[{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
                        f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])} | {fmt(st['sign_test_p'], '.3g')} |")
         out.append('')
-    if missing:
-        out.append(f"No interventions yet for {len(missing)} runs of {' or '.join(TIES)} here ({missing[0]}"
-                   f"{', …' if len(missing) > 1 else ''}): they need the run's final "
-                   "weights (final.safetensors, written by study.py when a run finishes, not committed) and "
-                   "`python intervene.py --weights=<run>/final.safetensors --dataset=study --json=<run>/interventions.json`.\n")
+    if apart:
+        out.append(f"Set apart (not in the tables: its {JSON} is not the run's final model on its own evaluation set):\n" +
+                   '\n'.join(f"- {path}: {why}" for path, why in apart) + '\n')
+    todo = waiting['measure'] + [p for p, _ in apart if run_state_weights(root, p)]
+    if todo:
+        out.append(f"Not measured yet: {len(todo)} runs ({todo[0]}{', …' if len(todo) > 1 else ''}): `{command}` "
+                   f"measures them from their weights (ckpt.pt, or final.safetensors) and writes each {JSON}.\n")
+    if waiting['no_weights']:
+        n = waiting['no_weights']
+        out.append(f"No interventions yet for {len(n)} runs of {' or '.join(TIES)} here ({n[0]}{', …' if len(n) > 1 else ''}) "
+                   "and no weights to measure (ckpt.pt and final.safetensors are not committed): train such a run again "
+                   "into another folder, then `python intervene.py --out_dir=<the rerun> --same_as=<the run> "
+                   f"--json=<the run>/{JSON}` checks the rerun's log against the run's, row for row, and measures it "
+                   "(docs/results.md, \"Route interventions\").\n")
+    if waiting['unfinished']:
+        n = waiting['unfinished']
+        out.append(f"Not finished: {len(n)} runs of {' or '.join(TIES)} ({n[0]}{', …' if len(n) > 1 else ''}), "
+                   "measured once they have finished.\n")
     return '\n'.join(out) + '\n'
+
+
+def run_state_weights(root, path):
+    """Whether a run set apart can be measured again here: finished, not diverged, its weights in its folder."""
+    from run_kit.run_files import CHECKPOINT, divergence
+    from run_kit.run_dir import is_finished
+    run_dir = os.path.join(root, path)
+    return (is_finished(run_dir) and not divergence(run_dir) and
+            any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, 'final.safetensors')))
 
 
 def fmt(x, spec='.4f'):
@@ -185,4 +412,5 @@ def fmt(x, spec='.4f'):
 
 
 if __name__ == '__main__':
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:], 'intervene.py', "nothing was written (--json is written whole or not "
+                                                             "at all)"))

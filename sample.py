@@ -23,7 +23,7 @@ import torch
 
 from model import GPT
 from prepare import InputError, gpt2_encoding
-from run_kit.common import MODEL_KEYS
+from run_kit.common import MODEL_KEYS, WriteFailed, run_command
 from run_kit.run_control import check_device
 from run_kit.routing import source_labels
 from run_kit.run_files import (CHECKPOINT, atomic_write, check_tensors, content_digest, load_checkpoint, model_config,
@@ -142,8 +142,9 @@ def export(model, saved, path):
     """The weights (the tied embedding / LM head once) and, in the header, the model configuration and
     their digest, written through run_files.atomic_write."""
     from safetensors.torch import save
-    config = json.dumps({k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'dataset', 'data_id')
-                         if k in saved})
+    # (source: what study.py's export of a run's final model says it was derived from, study.export_final)
+    config = json.dumps({k: saved[k] for k in (*MODEL_KEYS, 'step', 'best_val_loss', 'seed', 'dataset', 'data_id',
+                                               'source') if k in saved})
     names = {}   # a tied weight (one tensor, two names) is stored once, under the name first in order, as save_model does
     for name, t in model.state_dict(keep_vars=True).items():
         names.setdefault(id(t), (t, []))[1].append(name)
@@ -152,8 +153,8 @@ def export(model, saved, path):
     try:
         atomic_write(path, save(tensors, metadata=header))
     except OSError as e:
-        raise write_failed(path, e, "nothing was written under that name", then="export again",
-                           elsewhere="a path") from None
+        raise WriteFailed(write_failed(path, e, "nothing was written under that name", then="export again",
+                                       elsewhere="a path").code) from None
     print(f"wrote {path}: {model.get_num_params():,} parameters of a {saved['residual']} model, step {saved.get('step')}")
 
 
@@ -202,4 +203,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    sys.exit(run_command(main, sys.argv[1:], 'sample.py', "nothing was written (an export is written whole or not at all)"))

@@ -6,6 +6,7 @@ and started again at any moment (README "Reproducing the paper"; docs/results.md
     python study.py run paper --dry_run                    # the queue, what is done, a time estimate
     python study.py run paper --launcher="torchrun --standalone --nproc_per_node=8"
     python study.py report paper                           # compare.py's tables of the plan, one file
+    python study.py intervene paper --device=cuda          # the route interventions of its two-route runs
     python study.py corpus                                 # the CPU study's corpus (Debian packages)
     nohup python study.py run cpu > study.log 2>&1 &       # the CPU study
 
@@ -33,6 +34,7 @@ system (a link) or on a case-insensitive one (names that differ only in case).
 
 import argparse
 import difflib
+import functools
 import glob
 import json
 import os
@@ -45,10 +47,10 @@ import sys
 from dataclasses import dataclass, field
 
 from configurator import configure
-from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, build_model
+from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, MODEL_KEYS, WriteFailed, build_model, run_command
 from run_kit.run_dir import existing_run, is_finished, killed_before_first_checkpoint
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence,
-                               divergence, read_config, read_log, schedule_length)
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
+                               read_config, read_log, schedule_length, write_failed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -158,7 +160,8 @@ def load_plan(name):
         overrides = r.get('overrides', [])
         if not isinstance(overrides, list) or not all(isinstance(o, str) and o.startswith('--') for o in overrides):
             raise ValueError(f"entry {i}: overrides must be a list of --key=value strings, got {overrides!r}")
-        return Run(r['config'], r['seed'], r['out_dir'], tuple(overrides))
+        # normalised: 'runs/x/../a' is runs/a, and no folder runs/x is made on the way
+        return Run(r['config'], r['seed'], os.path.normpath(r['out_dir']), tuple(overrides))
     try:
         with open(name, encoding='utf-8') as f:
             rows = json.load(f)
@@ -297,13 +300,21 @@ def run_state(path):
 
 def run_flops(cfg):
     """Training + evaluation FLOPs of a run, from its configuration (the model built on the meta device, no memory)."""
-    import torch
-    with torch.device('meta'):
-        model = build_model(cfg)
     train_tokens = cfg['max_iters'] * cfg['total_batch_size']
     eval_tokens = (cfg['max_iters'] // cfg['eval_interval'] + 1) * cfg['eval_tokens']
-    per_token = model.flops_per_token()
+    per_token = flops_per_token(tuple(cfg[k] for k in MODEL_KEYS), cfg.get('depth_read'))
     return per_token * train_tokens + per_token / 3 * eval_tokens   # an evaluation is a forward pass
+
+
+@functools.lru_cache(maxsize=None)
+def flops_per_token(model_values, depth_read):
+    """A model's FLOPs per training token, built once per shape (a plan's seeds and budgets share a few shapes;
+    building one, even on the meta device, takes a third of a second)."""
+    import torch
+    from unittest import mock
+    keep = lambda t, *args, **kwargs: t   # meta tensors hold no values, yet their random init takes most of a build
+    with torch.device('meta'), mock.patch('torch.nn.init.normal_', keep), mock.patch('torch.nn.init.zeros_', keep):
+        return build_model(dict(zip(MODEL_KEYS, model_values), depth_read=depth_read)).flops_per_token()
 
 
 def format_hours(seconds):
@@ -353,6 +364,12 @@ class Stop:
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, self.handle)
 
+    def release(self):
+        """Signals act as they did before (a Ctrl-C raises KeyboardInterrupt)."""
+        for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGUSR1, signal.SIG_DFL),
+                             (signal.SIGINT, signal.default_int_handler)):
+            signal.signal(sig, default)
+
     def handle(self, signum, frame):
         self.signal = self.signal or signal.Signals(signum).name
         if self.child is not None and self.child.poll() is None:
@@ -372,11 +389,16 @@ def run_env(root):
 def launch(run, root, launcher, extra, index, stop, replace=False):
     """Run one run to its end (or its checkpoint after a signal); its output is appended to train.out."""
     path = os.path.join(root, run.out_dir)
-    os.makedirs(path, exist_ok=True)
     cmd = shlex.split(launcher.replace('{index}', str(index))) + run.argv(root, extra, replace)
-    with open(os.path.join(path, 'train.out'), 'a') as out:
+    try:
+        os.makedirs(path, exist_ok=True)
+        out = open(os.path.join(path, 'train.out'), 'a')
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
+    except OSError as e:   # (a full disk: the run is not started)
+        raise WriteFailed(write_failed(os.path.join(path, 'train.out'), e, "the run was not started",
+                                       then="run the same command again").code) from None
+    with out:
         try:
             stop.child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=HERE, env=run_env(root),
                                           start_new_session=True)
@@ -392,14 +414,77 @@ def launch(run, root, launcher, extra, index, stop, replace=False):
 
 
 FINAL = 'final.safetensors'   # a finished run's weights beside it (not committed): intervene.py reads them
+# What the study derives from a run, in the run's folder: the export of its final model and the route interventions
+# measured on it. Derived from one run: removed when another run starts in the folder (remove_derived).
+DERIVED = (FINAL, 'interventions.json')
+
+
+def remove_derived(path):
+    """Remove what was derived from the run in path (and the temporary files of a write of it that was killed):
+    before a run starts there, new, replacing another, or continued, its numbers are no longer that run's."""
+    removed = []
+    for name in DERIVED:
+        for f in [os.path.join(path, name)] + stale_temporaries(os.path.join(path, name)):
+            if os.path.exists(f):
+                os.remove(f)
+                removed.append(os.path.basename(f))
+    return removed
+
+
+def stale_temporaries(final):
+    """The temporary files of a write of `final` (run_files.atomic_write's names) that a kill left behind."""
+    return sorted(set(glob.glob(glob.escape(final) + '.tmp') + glob.glob(glob.escape(final) + '.*.tmp')))
+
+
+def export_source(path, digest):
+    """What an export of the finished run in path is derived from, for its header: the run's configuration (a
+    digest), its final step, the checksum of its final checkpoint, its final validation loss as logged, its
+    evaluation set."""
+    import intervene
+    config = read_config(path)
+    final = max((r for r in read_log(os.path.join(path, LOG)) if 'val_loss' in r and not r.get('eval_only')),
+                key=lambda r: r['step'])
+    return dict(config_sha256=intervene.config_hash(config), max_iters=config['max_iters'], checkpoint_sha256=digest,
+                val_loss=final['val_loss'], eval_tokens=config.get('eval_tokens'))
 
 
 def export_final(path):
-    """A finished run's weights as path/FINAL (sample.py's export: its configuration and a digest in the header),
-    once, from its ckpt.pt: what evaluations after the study (intervene.py) need when checkpoints are gone."""
+    """A finished run's weights as path/FINAL (sample.py's export: its configuration and a digest in the header,
+    and what it was derived from: export_source), from its ckpt.pt: what evaluations after the study
+    (intervene.py) need when checkpoints are gone. Written again where the export there is not of this checkpoint
+    (a run replaced by train.py --overwrite, say); the temporary file of an export that was killed is removed.
+    Done holding the folder's lock: no run writes there meanwhile. Returns a note, or ''."""
     import sample
-    if not os.path.exists(os.path.join(path, FINAL)) and os.path.exists(os.path.join(path, CHECKPOINT)):
-        sample.export(*sample.load_model(dict(out_dir=path, weights=''))[:2], os.path.join(path, FINAL))
+    from safetensors import safe_open
+    from run_kit.run_files import lock_folder, stored_digest
+    final, ckpt = os.path.join(path, FINAL), os.path.join(path, CHECKPOINT)
+    if not os.path.exists(ckpt) and not stale_temporaries(final):
+        return ''   # (no checkpoint: the export, if any, is all there is; the report checks it)
+    held, holder = lock_folder(path, 'run.lock')
+    if held is None:
+        return f" (not exported: the folder is in use, {holder})"
+    try:
+        for tmp in stale_temporaries(final):
+            os.remove(tmp)
+        digest = stored_digest(ckpt) if os.path.exists(ckpt) else None
+        if digest is None:
+            return ''   # (no checkpoint: the export, if any, is all there is; the report checks it)
+        try:
+            with safe_open(final, framework='pt') as f:
+                source = json.loads((f.metadata() or {}).get('config', '{}')).get('source') or {}
+        except Exception:   # none, or not a readable export: written again
+            source = {}
+        if source.get('checkpoint_sha256') == digest:
+            return ''
+        model, saved, _ = sample.load_model(dict(out_dir=path, weights=''))
+        try:
+            sample.export(model, dict(saved, source=export_source(path, digest)), final)
+        except WriteFailed as e:
+            raise WriteFailed(f"{e} To export it, run the same command again: finished runs are skipped, their "
+                              "exports written.") from None
+        return ''
+    finally:
+        held.close()
 
 
 def tail(path, n=15):
@@ -418,8 +503,7 @@ def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, re
         path = os.path.join(root, run.out_dir)
         where = f"[{i}/{len(runs)}] {run.config} seed {run.seed} {' '.join(run.overrides)} -> {path}"
         if i not in replace and is_finished(path):
-            print(f"{where}: done already", flush=True)
-            export_final(path)
+            print(f"{where}: done already{export_final(path)}", flush=True)
             continue
         if i not in replace and divergence(path) and not retrain_diverged:
             print(f"{where}: diverged already ({describe_divergence(divergence(path))}): kept as a result "
@@ -428,8 +512,10 @@ def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, re
             continue
         if stop.signal:
             break
+        removed = remove_derived(path)   # derived from the run there before: not the run about to train
         print(f"{where}: {f'replacing the run there (it {replace[i]})' if i in replace else 'running'} (log: "
-              f"{os.path.join(path, 'train.out')})", flush=True)
+              f"{os.path.join(path, 'train.out')})" +
+              (f"; removed {' and '.join(removed)}, derived from the run there before" if removed else ''), flush=True)
         code = launch(run, root, launcher, extra, i, stop, replace=i in replace)
         if stop.signal or code == EXIT_STOPPED:
             stopped(where, stop.signal, path)
@@ -442,9 +528,11 @@ def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, re
             print(tail(log), file=sys.stderr)
             raise SystemExit(f"study stopped: run {where} failed (exit code {code}); its log: {log}. Fix the cause and "
                              "run the same command again: finished runs are skipped, this one continues.")
-        export_final(path)
+        note = export_final(path)
+        if note:
+            print(f"{where}:{note}", flush=True)
     if stop.signal:
-        stopped('between two runs', stop.signal, root)
+        stopped(None, stop.signal, root)
     if diverged:
         print(f"study {name}: {len(runs) - len(diverged)} of {len(runs)} runs finished, {len(diverged)} diverged "
               f"(kept as results; the report lists them with the pairs they break):\n  " + '\n  '.join(diverged) +
@@ -452,14 +540,21 @@ def run_plan(name, root, launcher, extra, report_after=True, overwrite=False, re
               "with --overwrite, or give it a new out_dir; --retrain_diverged runs it again as it is.", flush=True)
     else:
         print(f"study {name}: all {len(runs)} runs finished", flush=True)
+    stop.release()   # the runs are done: a Ctrl-C now stops the report (one line, nothing half-written)
     if report_after:
-        report(name, root)
+        try:
+            report(name, root)
+        except WriteFailed as e:
+            raise WriteFailed(f"the study's runs are done, its report is not: {e}") from None
     return 0
 
 
 def stopped(where, signal_name, path):
-    print(f"study stopped by {signal_name or 'a signal to the run'} at {where}; the last checkpoint is in {path}. "
-          f"Run the same command again to carry on. Exit code {EXIT_STOPPED}.", file=sys.stderr, flush=True)
+    """where: the run in progress, None between two runs (nothing in progress)."""
+    at = (f"at {where}; the last checkpoint is in {path}" if where else
+          "between two runs, none in progress")
+    print(f"study stopped by {signal_name or 'a signal to the run'} {at}. Run the same command again to carry on. "
+          f"Exit code {EXIT_STOPPED}.", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_STOPPED)
 
 
@@ -467,6 +562,8 @@ def stopped(where, signal_name, path):
 # The report: compare.py's paired tables of every run of the plan, in one file
 
 def report(name, root='.', plots=True):
+    """compare.py's tables of the plan's runs (its entries only: a run in the same folder that the plan does not
+    name is listed apart), folder by folder, with their route interventions, into the plan's report file."""
     import compare
     import intervene
     runs, report_file, outputs = load_plan(name)
@@ -477,11 +574,14 @@ def report(name, root='.', plots=True):
     # temporary names a report killed mid-write leaves) is not a run: passed over without a word
     own = {os.path.abspath(os.path.join(root, p)) for p in [report_file, *(q for f in folders for q in outputs(f))]}
     own |= {p + '.tmp' for p in own}
+    writes = []   # (path, what writes it), once every section is read: a full disk then loses no reading
     for folder in folders:
         # the paths as the report writes them: relative to the root, wherever the command was run from
-        paths = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, folder, '*'))
-                       if os.path.abspath(p) not in own)
-        loaded, skipped = compare.load_runs([os.path.join(root, p) for p in paths])
+        planned = [os.path.normpath(r.out_dir) for r in runs if os.path.dirname(r.out_dir) == folder]
+        others = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, folder, '*'))
+                        if os.path.abspath(p) not in own and not p.endswith('.tmp'))
+        others = [p for p in others if os.path.normpath(p) not in planned]
+        loaded, skipped = compare.load_runs([os.path.join(root, p) for p in planned])
         loaded = [dict(r, path=os.path.relpath(r['path'], root)) for r in loaded]
         skipped = [(os.path.relpath(p, root), why) for p, why in skipped]
         results, groups, refused = compare.compare(loaded, None, EXTRA_PAIRS) if loaded else ([], {}, [])
@@ -490,24 +590,103 @@ def report(name, root='.', plots=True):
         routing = compare.routing_table(loaded)
         if routing:
             sections.append(routing)
-        sections.append(intervene.report_section(root, folder, paths))   # ('' where no run has two routes)
+        sections.append(intervene.report_section(root, folder, planned, intervene_command(name, root)))
         diverged = compare.diverged_lines(loaded, groups, EXTRA_PAIRS)
         if diverged:
             sections.append("Diverged (kept as results: no evaluation at the last step):\n" + diverged)
         if refused:
             sections.append("Refused:\n" + '\n'.join(f"- {p}: {why}" for p, why in refused) + '\n')
+        unchecked = compare.unchecked_lines(results, loaded)
+        if unchecked:
+            sections.append("Unchecked (in the tables above, their data order not verified):\n" + unchecked)
         if skipped:
-            sections.append("Skipped (not runs):\n" + compare.skipped_lines(skipped))
+            sections.append("Not run yet (entries of the plan without a run):\n" + compare.skipped_lines(skipped))
+        if others:
+            sections.append("Not part of the plan (in this folder, not named by the plan, so in no table above; "
+                            f"`python compare.py {shlex.quote(os.path.join(root, folder)) if os.path.abspath(root) != HERE else folder}/*` "
+                            "compares every run there):\n" +
+                            compare.skipped_lines([(p, not_planned(os.path.join(root, p))) for p in others]))
         json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
         if results:
-            compare.write_json(json_path, results)
+            writes.append((json_path, lambda p=json_path, r=results: compare.write_json(p, r)))
             if plots:
-                compare.plot(results, groups, plot_dir)
+                writes.append((plot_dir, lambda p=plot_dir, r=results, g=groups: compare.plot(r, g, p)))
     text = '\n'.join(sections)
-    atomic_write(os.path.join(root, report_file), text)
+    writes.append((os.path.join(root, report_file), lambda: atomic_write(os.path.join(root, report_file), text)))
+    again = f"run the report again ({report_command(name, root)})"
+    for path, write in writes:
+        compare.written(path, write, "each file the report writes is whole or as it was", again)
     print(text)
     print(f"wrote {os.path.join(root, report_file)}")
     return 0
+
+
+def not_planned(path):
+    """What a path in a plan's folder that the plan does not name is, for the report."""
+    if not os.path.isdir(path):
+        return "not a run (a file)"
+    try:
+        config = read_config(path)
+    except RunFileError as e:
+        return f"not a run ({e})"
+    return f"a run of {config['residual']}, seed {config['seed']}, that this plan does not name"
+
+
+def plan_arguments(name, root):
+    """The plan and --root as a command of study.py names them: a JSON plan by its absolute path, --root unless
+    it is the repository (the named plans' root)."""
+    plan = name if name in PLANS else os.path.abspath(name)
+    at = '' if os.path.abspath(root) == HERE else f" --root {shlex.quote(os.path.abspath(root))}"
+    return f"{shlex.quote(plan)}{at}"
+
+
+def report_command(name, root):
+    return f"python study.py report {plan_arguments(name, root)}"
+
+
+def intervene_command(name, root):
+    return f"python study.py intervene {plan_arguments(name, root)}"
+
+
+# -----------------------------------------------------------------------------
+# Route interventions of a plan's runs: intervene.py on every finished two-route run not yet measured
+
+def intervene_plan(name, root, device='cpu', data_dir=''):
+    """Measure every run of the plan whose mode has two routes, is finished, has its weights in its folder (ckpt.pt,
+    or the export final.safetensors) and no interventions.json of its final model (intervene.report_section's
+    check), writing RUN/interventions.json; then the report again."""
+    import intervene
+    runs = load_plan(name)[0]
+    counts = {}
+    for i, run in enumerate(runs, 1):
+        path = os.path.normpath(run.out_dir)
+        state, detail = intervene.run_state(root, path)
+        run_dir = os.path.join(root, path)
+        if state == 'apart' and not intervene.run_state_weights(root, path):
+            state, detail = 'apart, not measured again', f"its {intervene.JSON} is set apart ({detail})"
+        counts[state] = counts.get(state, 0) + 1
+        if state not in ('measure', 'apart'):
+            if state is not None and state != 'numbers':
+                print(f"[{i}/{len(runs)}] {path}: {detail or state.replace('_', ' ')}; not measured (finished runs "
+                      "with their weights here are)", flush=True)
+            continue
+        if state == 'apart':
+            print(f"[{i}/{len(runs)}] {path}: its {intervene.JSON} is set apart ({detail}): measured again", flush=True)
+        model = (f'--out_dir={run_dir}' if os.path.exists(os.path.join(run_dir, CHECKPOINT)) else
+                 f'--weights={os.path.join(run_dir, FINAL)}')
+        # the run's data as it trained: a relative data_dir is the repository's (study.py runs train.py there)
+        data = data_dir or os.path.join(HERE, read_config(run_dir).get('data_dir') or 'data')
+        args = [model, f'--json={os.path.join(run_dir, intervene.JSON)}', f'--device={device}', f'--data_dir={data}']
+        print(f"[{i}/{len(runs)}] {path}: python intervene.py {shlex.join(args)}", flush=True)
+        try:
+            intervene.main(args)
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                raise SystemExit(f"{path}: {e.code}") from None
+            raise
+    measured = counts.get('measure', 0) + counts.get('apart', 0)
+    print(f"study {name}: {measured} runs measured, {counts.get('numbers', 0)} measured already", flush=True)
+    return report(name, root, plots=False)
 
 
 # -----------------------------------------------------------------------------
@@ -547,7 +726,7 @@ def main(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest='command', required=True)
     sub.add_parser('list', help='the plans')
-    for command in ('run', 'report'):
+    for command in ('run', 'report', 'intervene'):
         p = sub.add_parser(command, help=f'{command} a plan')
         p.add_argument('plan', help=f"{', '.join(PLANS)}, or a JSON plan file")
         p.add_argument('--root', default='.', help="the folder the plan's out_dirs and report are relative to")
@@ -568,6 +747,9 @@ def main(argv):
                         help="run the entries whose run diverged again (from their last checkpoint); without it "
                              "a diverged run is kept as a result")
     sub.choices['report'].add_argument('--no_plots', action='store_true')
+    sub.choices['intervene'].add_argument('--device', default='cpu', help="where intervene.py evaluates (e.g. cuda)")
+    sub.choices['intervene'].add_argument('--data_dir', default='',
+                                          help="the data builds' folder ('' = each run's, as it trained)")
     sub.add_parser('corpus', help="build the CPU study's corpus from Debian's packages")
     args = ap.parse_args(argv)
     if args.command == 'list':
@@ -579,6 +761,8 @@ def main(argv):
     root = os.path.abspath(args.root)
     if args.command == 'report':
         return report(args.plan, root, plots=not args.no_plots)
+    if args.command == 'intervene':
+        return intervene_plan(args.plan, root, args.device, args.data_dir)
     extra = shlex.split(args.extra)
     if args.dry_run:
         dry_run(args.plan, root, args, extra)
@@ -588,4 +772,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_command(main, sys.argv[1:], 'study.py', "every file it writes is whole or as it was (runs: their "
+                                                         "last checkpoint); run the same command again"))

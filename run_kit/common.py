@@ -3,7 +3,8 @@ What the scripts share (nanochat keeps the same kind of helpers in its common.py
 
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, GROUP_KEYS (a comparison),
     model_problems; the model they describe: gpt_config, build_model
-  - fail: how a run stops with a message (under torchrun, said by rank 0 alone)
+  - fail: how a run stops with a message (under torchrun, said by rank 0 alone); run_command: how a command
+    ends a failed write or a Ctrl-C, in one line with an exit status of its own
 
 The files of a run (config.json, log.jsonl, ckpt.pt, the lock, atomic writes) are run_files.py's.
 train.py, sample.py, bench.py, compare.py, study.py, prepare.py and run_files.py import from here; none
@@ -69,3 +70,30 @@ def model_problems(cfg):
         except ValueError as e:
             bad.append(str(e))
     return bad
+
+
+# -----------------------------------------------------------------------------
+# How a command ends: a failed write and a Ctrl-C are one line each, with an exit status of their own
+
+EXIT_WRITE = 74          # sysexits.h's EX_IOERR: a file the command writes could not be (a full disk, a size limit)
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+
+
+class WriteFailed(Exception):
+    """A file that a command writes could not be written; the message says what failed, what is kept and what
+    to do (run_files.write_failed's)."""
+
+
+def run_command(main, argv, name, on_ctrl_c):
+    """A command's main(argv) as its process runs it: main's exit status, or a failed write (WriteFailed) or a
+    Ctrl-C said in one line on stderr with EXIT_WRITE or EXIT_INTERRUPTED, never a traceback. on_ctrl_c: what
+    the interrupted command leaves behind."""
+    import sys
+    try:
+        return main(argv)
+    except WriteFailed as e:
+        print(f"{name}: {e}", file=sys.stderr, flush=True)
+        return EXIT_WRITE
+    except KeyboardInterrupt:
+        print(f"{name}: stopped by Ctrl-C; {on_ctrl_c}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED

@@ -25,6 +25,7 @@ def trained(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow   # (trains two models: the trained fixture)
 def test_tying_v_to_qk_is_exactly_the_parent_with_the_same_weights(trained, data_dir):
     from model import GPT, GPTConfig
     _, model = trained['rd_attnres']
@@ -42,25 +43,38 @@ def test_tying_v_to_qk_is_exactly_the_parent_with_the_same_weights(trained, data
     assert intervene.interventions(model, val, 512, 8) == nlls   # deterministic
 
 
+@pytest.mark.slow   # (trains two models: the trained fixture)
 def test_the_command_writes_what_the_study_report_reads(trained, data_dir, tmp_path):
+    import shutil
     from helpers import main_here
     root = tmp_path / 'study'
     for mode, (run, _) in trained.items():
-        p = main_here(intervene.main, [f'--out_dir={run}', f'--data_dir={data_dir}', '--eval_tokens=512', '--batch_size=8',
-                                       f'--json={run}/interventions.json'])
+        # no --eval_tokens nor --dataset nor --data_dir: the run's own (its configuration's)
+        p = main_here(intervene.main, [f'--out_dir={run}', '--batch_size=8', f'--json={run}/interventions.json'])
         assert p.returncode == 0 and list(intervene.TIES[mode])[0] in p.stdout, p.stdout + p.stderr
-        for seed in (1, 2):   # the same numbers as two seeds, the second shifted: a paired table of two
-            r = json.load(open(f'{run}/interventions.json'))
+        assert 'the final model of' in p.stdout and 'the run’s own evaluation set' in p.stdout, p.stdout
+        r = json.load(open(f'{run}/interventions.json'))
+        assert r['eval_tokens'] == 512 and r['model']['step'] == 12 and r['model']['final'] is True
+        assert r['model']['checkpoint_sha256'] and r['eval']['windows'] == 512 // 32
+        for seed in (1, 2):   # the same run as two seeds, the second's numbers shifted: a paired table of two
+            folder = root / 'runs' / f'{mode}_s{seed}'
+            os.makedirs(folder)
+            shutil.copy(f'{run}/log.jsonl', folder)
+            json.dump(dict(json.load(open(f'{run}/config.json')), seed=seed), open(folder / 'config.json', 'w'))
             r['seed'] = seed
             r['nll'] = {k: v + (seed - 1) * 0.01 * (k != 'as_trained') for k, v in r['nll'].items()}
-            os.makedirs(root / 'runs' / f'{mode}_s{seed}')
-            (root / 'runs' / f'{mode}_s{seed}' / 'interventions.json').write_text(json.dumps(r))
-    os.makedirs(root / 'runs' / 'rd_attnres_s3')   # a run without its numbers: named, not counted
+            (folder / 'interventions.json').write_text(json.dumps(r))
+    # a finished run without its numbers and without weights: named, not counted
+    os.makedirs(root / 'runs' / 'rd_attnres_s3')
+    for name in ('config.json', 'log.jsonl'):
+        shutil.copy(os.path.join(trained['rd_attnres'][0], name), root / 'runs' / 'rd_attnres_s3')
     text = intervene.report_section(str(root), 'runs', [f'runs/{n}' for n in sorted(os.listdir(root / 'runs'))])
-    assert '| rd_attnres: v_as_qk | 2 |' in text and '| ctrl_heads: heads2_as_heads1 | 2 |' in text
+    assert '| rd_attnres: v_as_qk | 2 |' in text and '| ctrl_heads: heads2_as_heads1 | 2 |' in text, text
     assert 'No interventions yet for 1 runs of rd_attnres or ctrl_heads here (runs/rd_attnres_s3)' in text
+    assert 'step 12 (final), checkpoint ' in text
 
 
+@pytest.mark.slow   # (trains two models: the trained fixture)
 def test_a_model_trained_on_another_build_is_refused(trained, data_dir, tmp_path):
     from helpers import main_here
     run, _ = trained['rd_attnres']
@@ -68,3 +82,105 @@ def test_a_model_trained_on_another_build_is_refused(trained, data_dir, tmp_path
     prepare.main(['--dataset', 'tiny', '--data_dir', str(other), '--num_proc', '1', '--val_fraction', '0.2'])
     p = main_here(intervene.main, [f'--out_dir={run}', f'--data_dir={other}'])
     assert p.returncode != 0 and 'is another build' in p.stderr + p.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Which model a run's numbers are of: the report keeps only its run's final model on the run's own set
+
+def numbers_of(run_dir, **model):
+    """An interventions.json as intervene.py writes it for the finished run in run_dir (its final model, its own
+    evaluation set), with `model`'s keys changed."""
+    from run_kit.run_files import read_config
+    config = read_config(run_dir)   # (as the report reads it: its schedule's length resolved)
+    final = [r for r in map(json.loads, open(os.path.join(run_dir, 'log.jsonl'))) if 'val_loss' in r][-1]
+    record = dict(run=run_dir, step=config['max_iters'], max_iters=config['max_iters'], final=True,
+                  file=os.path.join(run_dir, 'ckpt.pt'), config_sha256=intervene.config_hash(config),
+                  checkpoint_sha256=None, val_loss=final['val_loss'])
+    record.update(model)
+    return dict(residual=config['residual'], seed=config['seed'], data_id=config.get('data_id'),
+                eval_tokens=config['eval_tokens'], nll=dict(as_trained=3.3, v_as_qk=3.35, qk_as_v=3.4), model=record)
+
+
+def test_numbers_that_are_not_the_runs_final_model_are_set_apart(tmp_path):
+    from helpers import make_run
+    root, runs = str(tmp_path), tmp_path / 'runs'
+    dirs = {s: make_run(str(runs), f'rd_attnres_s{s}', 'rd_attnres', s, 3.3 + 0.01 * s) for s in range(1, 9)}
+    dirs[9] = make_run(str(runs), 'rd_attnres_s9', 'rd_attnres', 9, 3.4, steps=(0, 50), max_iters=100)  # training
+    write = lambda s, r: (runs / f'rd_attnres_s{s}' / 'interventions.json').write_text(json.dumps(r))
+    write(1, numbers_of(dirs[1]))                                         # its final model: kept
+    write(2, numbers_of(dirs[2], step=50))                                # a checkpoint before the end
+    write(3, numbers_of(dirs[3], val_loss=3.9))                           # a run since replaced
+    write(4, numbers_of(dirs[4]))                                         # ... and then the run diverged
+    with open(os.path.join(dirs[4], 'log.jsonl'), 'a') as f:
+        f.write(json.dumps(dict(step=100, diverged=dict(what='training loss', first_step=99, value='nan'))) + '\n')
+    legacy = {k: v for k, v in numbers_of(dirs[5]).items() if k != 'model'}
+    write(5, legacy)                                                      # says nothing of its model
+    write(6, dict(legacy, seed=6, same_log_as='runs/rd_attnres_s6: 5 log rows equal'))   # a rerun checked row by row
+    write(7, dict(numbers_of(dirs[7]), eval_tokens=512))                  # another evaluation set
+    write(8, numbers_of(dirs[8]))                                         # the folder's run replaced, same loss
+    config = json.load(open(os.path.join(dirs[8], 'config.json')))
+    json.dump(dict(config, learning_rate=1e-4), open(os.path.join(dirs[8], 'config.json'), 'w'))
+    write(9, numbers_of(dirs[9], step=50))
+    text = intervene.report_section(root, 'runs', [f'runs/rd_attnres_s{s}' for s in range(1, 10)], 'CMD')
+    assert '| rd_attnres: v_as_qk | 2 |' in text, text                   # seeds 1 and 6, nothing else
+    assert '| 1 | step 100 (final) | 3.3000 |' in text and '| 6 | final, of a rerun with an equal log |' in text
+    apart = {line.split(':')[0][2:]: line for line in text.splitlines() if line.startswith('- runs/')}
+    assert sorted(apart) == [f'runs/rd_attnres_s{s}' for s in (2, 3, 4, 5, 7, 8, 9)], text
+    assert 'it measured step 50, not the run\'s final model (step 100)' in apart['runs/rd_attnres_s2']
+    assert 'it measured another run: that run\'s final validation loss was 3.9000' in apart['runs/rd_attnres_s3']
+    assert 'the run diverged (non-finite training loss' in apart['runs/rd_attnres_s4']
+    assert 'does not say which model it measured' in apart['runs/rd_attnres_s5']
+    assert "not the run's own evaluation set" in apart['runs/rd_attnres_s7']
+    assert 'another configuration in this folder' in apart['runs/rd_attnres_s8']
+    assert 'the run is not finished' in apart['runs/rd_attnres_s9']
+    # a rerun's log row count no longer that of the run's log (the run there replaced since): not its numbers
+    with open(os.path.join(dirs[6], 'log.jsonl'), 'a') as f:
+        f.write(json.dumps(dict(step=100, eval_only=True, val_loss=3.0)) + '\n')
+    text = intervene.report_section(root, 'runs', ['runs/rd_attnres_s6'], 'CMD')
+    assert 'does not say which model it measured' in text and '| 6 |' not in text
+
+
+@pytest.mark.slow
+def test_a_run_still_training_or_diverged_is_refused_and_a_finished_one_measured(data_dir, tmp_path):
+    import signal
+    import time
+    from helpers import main_here, run_here, start
+    from run_kit.run_files import CHECKPOINT, checkpoint_progress
+    out = str(tmp_path / 'run')
+    proc = start(['--residual=rd_attnres', '--max_iters=12', '--eval_interval=4'], data_dir, out)
+    deadline = time.time() + 300
+    while (checkpoint_progress(os.path.join(out, CHECKPOINT)) or (0,))[0] < 4:   # its first checkpoint, step 4
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGSTOP)   # held between two steps: still training, as far as its files say
+    try:
+        args = [f'--out_dir={out}', '--batch_size=8', f'--json={out}/interventions.json']
+        p = main_here(intervene.main, args)
+        assert p.returncode == 1 and 'is not finished (its checkpoint holds step' in p.stderr and 'of 12)' in p.stderr, \
+            p.stdout + p.stderr
+        assert not os.path.exists(f'{out}/interventions.json')
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.wait(timeout=300) == 0, proc.communicate()
+    # what it says to do: the same command once the run has finished
+    p = main_here(intervene.main, args)
+    assert p.returncode == 0 and 'the final model of' in p.stdout, p.stdout + p.stderr
+    assert json.load(open(f'{out}/interventions.json'))['model']['step'] == 12
+    # a diverged run: refused, naming the divergence
+    bad = str(tmp_path / 'bad')
+    run_here(['--residual=rd_attnres', '--learning_rate=1e30', '--warmup_iters=1', '--max_iters=8', '--eval_interval=4'],
+             data_dir, bad, expect_ok=False)
+    p = main_here(intervene.main, [f'--out_dir={bad}'])
+    assert p.returncode == 1 and 'diverged (non-finite' in p.stderr and 'has no trained model' in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_sample_is_one_line(data_dir, tmp_path):
+    from helpers import run_here
+    from test_study import interrupted
+    out = str(tmp_path / 'run')
+    run_here(['--max_iters=2'], data_dir, out)
+    fifo = str(tmp_path / 'prompt')
+    os.mkfifo(fifo)   # the prompt file: sample.py waits on it, inside its main, once the model is loaded
+    interrupted([os.path.join(os.path.dirname(intervene.__file__), 'sample.py'), f'--out_dir={out}',
+                 f'--start=FILE:{fifo}', '--device=cpu'], fifo, 'sample.py: stopped by Ctrl-C; nothing was written')

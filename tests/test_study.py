@@ -3,6 +3,7 @@ real train.py runs of a tiny model on the built-in corpus, stopped by signals as
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def study_cmd(plan, root, data_dir, *more):
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 
+@pytest.mark.slow
 def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'mini.json', [('attnres', 1), ('rd_attnres', 1), ('attnres', 2)])
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
@@ -105,8 +107,13 @@ def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     for _ in range(2):
         p = subprocess.run(report_cmd, capture_output=True, text=True, env=ENV, timeout=600)
         assert p.returncode == 0 and (whole / 'mini_report.md').read_text() == first, p.stderr[-2000:]
+    results = whole / 'runs' / 'results.json'
+    before = os.stat(results).st_ino
     killed = subprocess.Popen(report_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    time.sleep(1.0)
+    deadline = time.time() + 300
+    while os.stat(results).st_ino == before and killed.poll() is None:   # killed as it writes: once it has
+        assert time.time() < deadline, 'the report did not write in time'  # replaced results.json, plots next
+        time.sleep(0.001)
     killed.kill()
     killed.wait()
     # what a kill mid-write leaves, planted too (wherever the kill above landed)
@@ -127,6 +134,7 @@ def test_interrupted_study_ends_as_an_uninterrupted_one(data_dir, tmp_path):
     assert p.returncode == 0 and p.stdout.count('done already') == 3
 
 
+@pytest.mark.slow
 def test_a_failing_run_stops_the_study_naming_it(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'bad.json', [('attnres', 1), ('attnres', 2, '--n_head=3'), ('attnres', 3)])
     p = subprocess.run(study_cmd(plan, tmp_path, data_dir), capture_output=True, text=True, env=ENV, timeout=600)
@@ -166,7 +174,7 @@ def test_a_report_says_the_same_wherever_it_is_run_from(tmp_path, monkeypatch, c
         assert study.report(plan, str(root), plots=False) == 0
         reports.append((root / 'plan_report.md').read_text())
     assert reports[0] == reports[1] == reports[2] and '### attnres vs standard' in reports[0]
-    assert '- runs/notes: no config.json' in reports[0]
+    assert 'Not part of the plan' in reports[0] and '- runs/notes: not a run (no config.json' in reports[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +210,7 @@ def test_slurm_script_builds_the_launcher_and_requeues_after_a_stop(tmp_path, co
     assert ('requeue 4242' in calls) == requeued
 
 
+@pytest.mark.slow
 def test_slurm_script_runs_a_plan_through_torchrun(data_dir, tmp_path):
     # srun on one node: run the task command here (drop srun's own options); torchrun's c10d rendezvous on
     # localhost with one CPU process per "node"
@@ -228,6 +237,7 @@ def config_of(path):
     return json.load(open(os.path.join(path, 'config.json')))
 
 
+@pytest.mark.slow
 def test_a_folder_counts_as_done_only_for_the_entry_that_ran_there(data_dir, tmp_path):
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
     assert study_run(plan, tmp_path, data_dir, '--no_report').returncode == 0
@@ -265,6 +275,7 @@ def test_a_folder_counts_as_done_only_for_the_entry_that_ran_there(data_dir, tmp
     assert config_of(first)['learning_rate'] == 0.0005
 
 
+@pytest.mark.slow
 def test_the_committed_cpu_study_is_done_for_its_plan():
     # config.json of these runs hold another machine's absolute out_dir, its git commit and torch version, and
     # none of the keys train.py gained since: none of that is the entry's configuration
@@ -300,6 +311,7 @@ def test_entries_that_resolve_to_one_folder_are_refused(tmp_path, second):
         os.listdir(runs / 'run_a') == []                    # nothing was written there
 
 
+@pytest.mark.slow
 def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
     blow_up = ('--learning_rate=1e30', '--warmup_iters=1')
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1, *blow_up), ('rd_attnres', 1), ('standard', 1)])
@@ -334,6 +346,7 @@ def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
     assert 'Diverged' not in report and '### rd_attnres vs attnres' in report and '### attnres vs standard' in report
 
 
+@pytest.mark.slow
 def test_a_busy_folder_stops_the_study_and_the_same_command_then_finishes(data_dir, tmp_path):
     from run_kit.run_files import lock_folder
     plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1)])
@@ -360,3 +373,280 @@ def test_a_report_has_no_empty_heading(tmp_path):
     lines = (tmp_path / 'plan_report.md').read_text().splitlines()
     assert not [line for line in lines if line.startswith('#') and not line.strip('# ')], lines
     assert '## . (the root)' in lines and '### attnres vs standard' in '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report holds its plan's runs only; what it says to do works; a full disk or a stop is one line
+
+def hand_made_study(tmp_path, seeds=(1, 2), modes=('standard', 'attnres')):
+    from helpers import make_run
+    for seed in seeds:
+        for mode in modes:
+            make_run(str(tmp_path / 'runs'), f'{mode}_s{seed}', mode, seed, 3.4 - 0.1 * (mode != 'standard'))
+    return mini_plan(tmp_path / 'plan.json', [(mode, seed) for seed in seeds for mode in modes])
+
+
+def test_a_report_holds_its_plans_entries_only(tmp_path):
+    from helpers import main_here, make_run
+    plan = hand_made_study(tmp_path)
+    make_run(str(tmp_path / 'runs'), 'rd_attnres_s1', 'rd_attnres', 1, 3.2)   # another plan's run in the folder
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| attnres vs standard' not in report and '| 2 | 3.4000 | 3.3000 |' in report
+    assert 'rd_attnres vs attnres' not in report, report     # not the plan's: in no table
+    assert '- runs/rd_attnres_s1: a run of rd_attnres, seed 1, that this plan does not name' in report
+    # an entry removed from the plan: its run leaves the tables and is listed apart
+    plan = mini_plan(tmp_path / 'plan.json', [('standard', 1), ('attnres', 1), ('standard', 2)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| 1 | 3.4000 | 3.3000 |' in report and '| 2 | 3.4000 |' not in report, report
+    assert '- runs/attnres_s2: a run of attnres, seed 2, that this plan does not name' in report
+    # and an entry not run yet is said, not taken for a run
+    plan = mini_plan(tmp_path / 'plan.json', [('standard', 1), ('attnres', 1), ('attnres', 3)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Not run yet' in report and '- runs/attnres_s3: does not exist' in report
+    # the way it says to compare every run of the folder, followed
+    command = report.split('`python compare.py ')[1].split('`')[0]
+    p = main_here(__import__('compare').main, [command])
+    assert p.returncode == 0 and '### rd_attnres vs attnres' in p.stdout and '| 2 | 3.4000 | 3.3000 |' in p.stdout
+
+
+def test_a_log_without_digest_or_fingerprint_is_said_to_be_unchecked(tmp_path):
+    plan = hand_made_study(tmp_path, seeds=(1,))
+    for mode in ('standard', 'attnres'):   # logs of a train.py that kept neither data digest nor fingerprint
+        log = tmp_path / 'runs' / f'{mode}_s1' / 'log.jsonl'
+        rows = [{k: v for k, v in json.loads(line).items() if k not in ('data_hash', 'data_digest')}
+                for line in log.read_text().splitlines()]
+        log.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '| 1 | 3.4000 | 3.3000 |' in report
+    assert '- runs/attnres_s1 and runs/standard_s1 (attnres vs standard, seed 1): unpaired-unchecked' in report
+
+
+def test_the_report_names_the_command_that_measures_the_two_route_runs(tmp_path):
+    from helpers import make_run
+    for mode in ('attnres', 'rd_attnres'):
+        make_run(str(tmp_path / 'runs'), f'{mode}_s1', mode, 1, 3.3)
+    log = tmp_path / 'runs' / 'rd_attnres_s1' / 'log.jsonl'   # (make_run's routing rows lack the mean depths)
+    log.write_text(''.join(json.dumps(dict(json.loads(line), routing=None)) + '\n' for line in log.read_text().splitlines()))
+    (tmp_path / 'runs' / 'rd_attnres_s1' / 'final.safetensors').write_bytes(b'')   # its weights are there
+    plan = mini_plan(tmp_path / 'plan.json', [('attnres', 1), ('rd_attnres', 1)])
+    assert study.report(plan, str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert (f"Not measured yet: 1 runs (runs/rd_attnres_s1): `python study.py intervene {plan} --root {tmp_path}` "
+            "measures them") in report, report
+    assert '--dataset' not in report
+    # a named plan at the repository's root: no --root
+    assert study.intervene_command('cpu', HERE) == 'python study.py intervene cpu'
+
+
+def test_a_stop_between_two_runs_is_said_as_such(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        study.stopped(None, 'SIGTERM', str(tmp_path))
+    err = capsys.readouterr().err
+    assert e.value.code == study.EXIT_STOPPED and 'study stopped by SIGTERM between two runs, none in progress' in err
+    assert ' at between' not in err and 'checkpoint' not in err
+
+
+def test_a_full_disk_ends_the_report_in_one_line_and_the_advice_then_works(tmp_path, monkeypatch):
+    import errno
+    import compare
+    from run_kit.common import EXIT_WRITE, run_command
+    from helpers import main_here
+    plan = hand_made_study(tmp_path)
+    full = lambda path, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space left on device'))
+    monkeypatch.setattr(compare, 'atomic_write', full)   # the report's results.json: the disk is full
+    argv = ['report', plan, '--root', str(tmp_path), '--no_plots']
+    p = main_here(lambda a: run_command(study.main, a, 'study.py', ''), argv)
+    assert p.returncode == EXIT_WRITE and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert 'could not write' in p.stderr and 'No space left on device' in p.stderr and 'Make room' in p.stderr
+    assert not (tmp_path / 'plan_report.md').exists() and not (tmp_path / 'runs' / 'results.json').exists()
+    advice = p.stderr.split('run the report again (')[1].split(')')[0]
+    # compare.py --json alike
+    p = main_here(lambda a: run_command(compare.main, a, 'compare.py', ''),
+                  [str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+    assert p.returncode == EXIT_WRITE and len(p.stderr.strip().splitlines()) == 1 and 'Make room' in p.stderr
+    assert 'run the same command again' in p.stderr and not (tmp_path / 'c.json').exists()
+    # room made: the command it names
+    monkeypatch.undo()
+    assert advice.startswith('python study.py report ')
+    p = main_here(lambda a: run_command(study.main, a, 'study.py', ''), shlex.split(advice)[2:] + ['--no_plots'])
+    assert p.returncode == 0 and (tmp_path / 'plan_report.md').exists() and (tmp_path / 'runs' / 'results.json').exists()
+
+
+def run_dir_and_plan(tmp_path, *extra):
+    """A plan of rd_attnres and attnres, seed 1; rd_attnres's out_dir goes through a folder and back."""
+    entries = [dict(config='config/quickstart.py', seed=1, out_dir='runs/x/../rd_attnres_s1',
+                    overrides=['--residual=rd_attnres', *MINI, *extra]),
+               dict(config='config/quickstart.py', seed=1, out_dir='runs/attnres_s1', overrides=['--residual=attnres', *MINI])]
+    (tmp_path / 'plan.json').write_text(json.dumps(entries))
+    return tmp_path / 'runs' / 'rd_attnres_s1', str(tmp_path / 'plan.json')
+
+
+def export_source(path):
+    from safetensors import safe_open
+    with safe_open(str(path), framework='pt') as f:
+        return json.loads(f.metadata()['config'])['source']
+
+
+def follow(command):
+    """A command the report names (python study.py ...), run as a user would, from the repository."""
+    assert command.startswith('python study.py '), command
+    return subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, env=ENV,
+                          cwd=HERE, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_runs_export_and_interventions_are_its_own_through_overwrite_and_rerun(data_dir, tmp_path):
+    from run_kit.run_files import stored_digest
+    run, plan = run_dir_and_plan(tmp_path)
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not (tmp_path / 'runs' / 'x').exists()                       # the '..' left no empty folder
+    final = run / 'final.safetensors'
+    assert export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))
+    # the report's advice followed: the study's command measures the two-route run
+    report = (tmp_path / 'plan_report.md').read_text()
+    p = follow(report.split('Not measured yet: 1 runs (runs/rd_attnres_s1): `')[1].split('`')[0])
+    assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    first = json.load(open(run / 'interventions.json'))
+    assert first['model']['step'] == 15 and first['model']['run'] == str(run)
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert (f"| 1 | step 15 (final), checkpoint {first['model']['checkpoint_sha256'][:8]} | "
+            f"{first['nll']['as_trained']:.4f} |") in report, report
+    # a kill during an export leaves its temporary file (GBs at the paper's size): the next run removes it
+    (run / 'final.safetensors.tmp').write_bytes(b'half an export')
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and p.stdout.count('done already') == 2 and not (run / 'final.safetensors.tmp').exists()
+    old_export = final.read_bytes()
+    # the entry changed, the run replaced (--overwrite): what was derived from the old run goes with it
+    run, plan = run_dir_and_plan(tmp_path, '--learning_rate=0.001')
+    p = study_run(plan, tmp_path, data_dir, '--overwrite')
+    assert p.returncode == 0 and 'removed final.safetensors and interventions.json' in p.stdout, p.stdout[-2000:]
+    assert not (run / 'interventions.json').exists()
+    assert export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))   # the new run's
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert 'Not measured yet: 1 runs (runs/rd_attnres_s1)' in report and f"{first['nll']['as_trained']:.4f}" not in report
+    # the old run's files put back, as a train.py --overwrite outside the study would have left them: the report
+    # sets the numbers apart, the next run of the study exports the run there again
+    (run / 'interventions.json').write_text(json.dumps(first))
+    final.write_bytes(old_export)
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0 and export_source(final)['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt'))
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert '- runs/rd_attnres_s1: it measured another run: that run\'s final validation loss was' in report, report
+    assert f"| 1 | step 15 (final)" not in report
+    # and the advice measures it again
+    p = follow(report.split('Not measured yet: 1 runs (runs/rd_attnres_s1): `')[1].split('`')[0])
+    assert p.returncode == 0 and 'set apart' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    again = json.load(open(run / 'interventions.json'))
+    assert again['model']['checkpoint_sha256'] == stored_digest(str(run / 'ckpt.pt')) != first['model']['checkpoint_sha256']
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert f"| 1 | step 15 (final), checkpoint {again['model']['checkpoint_sha256'][:8]} |" in report
+    assert 'Set apart' not in report and 'Not measured yet' not in report
+
+
+@pytest.mark.slow
+def test_the_reports_advice_works_on_the_cpu_plan(data_dir, tmp_path):
+    from helpers import train_here
+    run = tmp_path / 'study' / 'runs' / 'main_fp32' / 'rd_attnres_s1'   # one of the cpu plan's entries, tiny
+    train_here(data_dir, str(run), '--residual=rd_attnres', '--seed=1', '--dtype=float32')
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    command = report.split('Not measured yet: 1 runs (study/runs/main_fp32/rd_attnres_s1): `')[1].split('`')[0]
+    assert command == f'python study.py intervene cpu --root {tmp_path}'
+    p = follow(command)
+    assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    assert '| 1 | step 4 (final), checkpoint ' in report and 'Not measured yet' not in report, report
+    # a run whose weights are not here (as the committed runs: their logs only): the way the report says,
+    # a rerun whose log equals the run's (here the run above: the same log, copied) measured against it
+    import shutil
+    kept = tmp_path / 'study' / 'runs' / 'main' / 'rd_attnres_s1'
+    os.makedirs(kept)
+    for name in ('config.json', 'log.jsonl'):
+        shutil.copy(run / name, kept)
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    said = report.split('No interventions yet for 1 runs of rd_attnres or ctrl_heads here (study/runs/main/rd_attnres_s1)')[1]
+    command = said.split('`')[1]
+    assert command.startswith('python intervene.py --out_dir=<the rerun> --same_as=<the run> '), command
+    command = command.replace('<the rerun>', str(run)).replace('<the run>', str(kept))
+    from helpers import main_here
+    import intervene
+    p = main_here(intervene.main, shlex.split(command)[2:])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert study.report('cpu', str(tmp_path), plots=False) == 0
+    report = (tmp_path / 'study' / 'report.md').read_text()
+    assert '| 1 | step 4 (final), of a rerun with an equal log |' in report and 'No interventions yet' not in report
+
+
+def interrupted(argv, fifo, said):
+    """Run a command that reads `fifo`, Ctrl-C it once it has opened the file (it then waits for its content),
+    and check that it ends in one line and status 130, no traceback."""
+    from run_kit.common import EXIT_INTERRUPTED
+    from helpers import default_ctrl_c
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=HERE, preexec_fn=default_ctrl_c)
+    deadline = time.time() + 300
+    while True:   # the event: the command has the file open (a writer's open succeeds once a reader is there)
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+    try:
+        # and then waits in its read (a signal that comes before the read starts is noted by Python but acted on
+        # only after the read returns, which it never would): Linux says where a process sleeps
+        while 'pipe' not in open(f'/proc/{proc.pid}/wchan').read():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(writer)
+    assert proc.returncode == EXIT_INTERRUPTED and 'Traceback' not in err, err[-3000:]
+    assert err.strip().splitlines() == [err.strip()] and said in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('tool', ['study report', 'compare', 'intervene'])
+def test_ctrl_c_is_one_line(tmp_path, tool):
+    plan = hand_made_study(tmp_path, seeds=(1,))
+    run = tmp_path / 'runs' / 'attnres_s1'
+    fifo = str(tmp_path / 'fifo')
+    if tool == 'intervene':   # --same_as reads the other run's log first: a log that is a pipe
+        os.makedirs(tmp_path / 'other')
+        os.mkfifo(tmp_path / 'other' / 'log.jsonl')
+        fifo = str(tmp_path / 'other' / 'log.jsonl')
+        argv = ['intervene.py', f'--out_dir={run}', f'--same_as={tmp_path / "other"}', f'--json={run}/i.json']
+        said = 'intervene.py: stopped by Ctrl-C; nothing was written'
+    else:                     # a run's log that is a pipe: the report (or compare.py) reads it
+        os.remove(run / 'log.jsonl')
+        os.mkfifo(run / 'log.jsonl')
+        fifo = str(run / 'log.jsonl')
+        argv = (['study.py', 'report', plan, '--root', str(tmp_path)] if tool == 'study report' else
+                ['compare.py', str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+        said = f"{argv[0]}: stopped by Ctrl-C;"
+    interrupted([os.path.join(HERE, argv[0]), *argv[1:]], fifo, said)
+    assert not (tmp_path / 'plan_report.md').exists() and not (tmp_path / 'c.json').exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('tool', ['study report', 'compare'])
+def test_a_full_disk_is_one_line(tmp_path, tool):
+    from run_kit.common import EXIT_WRITE
+    from helpers import limit_file_size
+    plan = hand_made_study(tmp_path)
+    argv = (['study.py', 'report', plan, '--root', str(tmp_path)] if tool == 'study report' else
+            ['compare.py', str(tmp_path / 'runs' / '*'), '--json', str(tmp_path / 'c.json')])
+    p = subprocess.run([sys.executable, os.path.join(HERE, argv[0]), *argv[1:]], capture_output=True, text=True,
+                       env=ENV, cwd=HERE, timeout=600, preexec_fn=limit_file_size(100))   # a file of 100 bytes at most
+    assert p.returncode == EXIT_WRITE and 'Traceback' not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and 'could not write' in p.stderr, p.stderr
+    assert 'File too large' in p.stderr and 'Make room' in p.stderr
+    left = [f for f in __import__('glob').glob(str(tmp_path / '**' / '*'), recursive=True) if f.endswith('.tmp')]
+    assert not left and not (tmp_path / 'c.json').exists() and not (tmp_path / 'plan_report.md').exists()
