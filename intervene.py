@@ -33,6 +33,7 @@ exit_on_help(__name__, __file__, 'docs/results.md, "Route interventions"')   # b
 import torch
 
 from run_kit.common import WriteFailed, run_command
+from run_kit.run_files import CONFIG, LOG
 
 DEFAULTS = dict(
     out_dir='',            # a finished run's directory: its final ckpt.pt
@@ -130,7 +131,7 @@ def final_model(run_dir):
 def run_beside(weights):
     """The run folder a weights file lies in (study.py exports RUN/final.safetensors), or None."""
     folder = os.path.dirname(os.path.abspath(weights))
-    return folder if os.path.exists(os.path.join(folder, 'config.json')) else None
+    return folder if os.path.exists(os.path.join(folder, CONFIG)) else None
 
 
 def which_model(cfg, saved):
@@ -233,7 +234,7 @@ def same_log(out_dir, reference):
     if not out_dir:
         raise SystemExit("--same_as compares a run's log: give the run with --out_dir")
     keys = ('step', 'train_loss', 'norm', 'data_hash', 'val_loss')
-    rows = [[{k: r.get(k) for k in keys} for r in read_log(os.path.join(d, 'log.jsonl'))] for d in (out_dir, reference)]
+    rows = [[{k: r.get(k) for k in keys} for r in read_log(os.path.join(d, LOG))] for d in (out_dir, reference)]
     if rows[0] != rows[1]:
         first = next((i for i, (a, b) in enumerate(zip(*rows)) if a != b), min(map(len, rows)))
         raise SystemExit(f"{out_dir} is not a rerun of {reference}: their logs part at row {first + 1} "
@@ -333,7 +334,8 @@ def run_state(root, path):
         return 'diverged', None
     if not is_finished(run_dir):
         return 'unfinished', None
-    has_weights = any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, 'final.safetensors'))
+    from study import FINAL
+    has_weights = any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, FINAL))
     return ('measure' if has_weights else 'no_weights'), None
 
 
@@ -402,9 +404,10 @@ def run_state_weights(root, path):
     """Whether a run set apart can be measured again here: finished, not diverged, its weights in its folder."""
     from run_kit.run_files import CHECKPOINT, divergence
     from run_kit.run_dir import is_finished
+    from study import FINAL
     run_dir = os.path.join(root, path)
     return (is_finished(run_dir) and not divergence(run_dir) and
-            any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, 'final.safetensors')))
+            any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, FINAL)))
 
 
 def fmt(x, spec='.4f'):

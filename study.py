@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from configurator import configure
 from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, MODEL_KEYS, WriteFailed, build_model, run_command
 from run_kit.run_dir import existing_run, is_finished, killed_before_first_checkpoint
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOG, RunFileError, atomic_write, describe_divergence, divergence,
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOCK, LOG, RunFileError, atomic_write, describe_divergence, divergence,
                                read_config, read_log, schedule_length, write_failed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -460,7 +460,7 @@ def export_final(path):
     final, ckpt = os.path.join(path, FINAL), os.path.join(path, CHECKPOINT)
     if not os.path.exists(ckpt) and not stale_temporaries(final):
         return ''   # (no checkpoint: the export, if any, is all there is; the report checks it)
-    held, holder = lock_folder(path, 'run.lock')
+    held, holder = lock_folder(path, LOCK)
     if held is None:
         return f" (not exported: the folder is in use, {holder})"
     try:

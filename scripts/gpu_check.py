@@ -59,6 +59,7 @@ import time
 STARTED = time.time()   # the budget counts from here, before torch is imported
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
+from run_kit.run_files import CHECKPOINT, CONFIG, LOG   # noqa: E402  (the run's files, by their owner's names)
 
 # |compiled - eager| (nats) of a logged training or evaluation loss, bf16 on a GPU: set for the rounding of two
 # correct runs, not to catch reads in bf16, which no loss tolerance separates from that rounding in a few dozen
@@ -111,7 +112,7 @@ def make_data(data_dir):
 
 def read_rows(out_dir):
     """A run's log: (training rows, evaluation rows), each by step."""
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+    with open(os.path.join(out_dir, LOG)) as f:
         rows = [json.loads(line) for line in f]
     return ({r['step']: r for r in rows if 'train_loss' in r}, {r['step']: r for r in rows if 'val_loss' in r})
 
@@ -316,7 +317,7 @@ def remove_checkpoints(out_dir):
     """A run's checkpoints once compared (4.24 GB each at 343m): the check leaves its logs, not its weights."""
     if os.path.isdir(out_dir):
         for name in os.listdir(out_dir):
-            if name.startswith('ckpt.pt'):   # (and the temporary file of a write that was killed)
+            if name.startswith(CHECKPOINT):   # (and the temporary file of a write that was killed)
                 os.remove(os.path.join(out_dir, name))
 
 
@@ -476,7 +477,7 @@ def check_train(c):
     out_dir = os.path.join(c.out, 'train_compiled')
     (rows, val), stats = c.train(out_dir, True)
     remove_checkpoints(out_dir)
-    cfg = json.load(open(os.path.join(out_dir, 'config.json')))
+    cfg = json.load(open(os.path.join(out_dir, CONFIG)))
     expected = 2 * graphs_per_shape(cfg['depth_read'], cfg['n_layer'], cfg['attnres_block_size'])
     problem = graph_problem(stats, expected, c.world) or reads_problem(stats[0]['read_dtypes'])
     if problem:
@@ -499,7 +500,7 @@ def finished_rows(c, run, compiled):
     into the same --out, its log complete: (training rows, evaluation rows), or None."""
     out_dir = os.path.join(c.out, run)
     try:
-        cfg = json.load(open(os.path.join(out_dir, 'config.json')))
+        cfg = json.load(open(os.path.join(out_dir, CONFIG)))
         rows, val = read_rows(out_dir)
     except (OSError, ValueError):
         return None
