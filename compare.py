@@ -202,7 +202,7 @@ def data_problem(a, b):
 
 
 def compare(runs, step=None, extra_pairs=()):
-    """All comparisons (arm vs parent, then the extra (arm, base) pairs, per shape and budget) that the
+    """All comparisons (arm vs parent, then the extra (arm, parent) pairs, per shape and budget) that the
     runs allow, and the refused runs: [(run path, reason)]. One unpairable run never hides the pairs
     that are valid."""
     groups, refused = {}, []
@@ -246,16 +246,16 @@ def compare(runs, step=None, extra_pairs=()):
 
 
 def pairs_of(run, groups, extra_pairs=()):
-    """The other runs that `run` is paired with (as arm or as base, same shape, budget and seed):
-    [(arm, base, the other run's path)]."""
+    """The other runs that `run` is paired with (as arm or as parent, same shape, budget and seed):
+    [(arm, parent, the other run's path)]."""
     config = run['config']
     by_mode = groups.get(tuple(config[k] for k in GROUP_KEYS), {})
     out = []
-    for arm, base in list(PARENT.items()) + list(extra_pairs):
-        other = base if arm == config['residual'] else arm if base == config['residual'] else None
+    for arm, parent in list(PARENT.items()) + list(extra_pairs):
+        other = parent if arm == config['residual'] else arm if parent == config['residual'] else None
         partner = by_mode.get(other, {}).get(config['seed']) if other else None
         if partner is not None and partner['path'] != run['path']:
-            out.append((arm, base, partner['path']))
+            out.append((arm, parent, partner['path']))
     return out
 
 
@@ -304,20 +304,20 @@ def lineage(mode):
     return chain
 
 
-def not_the_papers(arm, base):
+def not_the_papers(arm, parent):
     """'' for an arm and its parent (the paper's comparisons); for any other two modes, a note that says so
     and how far apart they are."""
-    if PARENT.get(arm) == base:
+    if PARENT.get(arm) == parent:
         return ''
-    a, b = lineage(arm), lineage(base)
-    if base in a or arm in b:
-        chain = a[:a.index(base) + 1] if base in a else b[:b.index(arm) + 1]
+    a, b = lineage(arm), lineage(parent)
+    if parent in a or arm in b:
+        chain = a[:a.index(parent) + 1] if parent in a else b[:b.index(arm) + 1]
         how = (f"{'one change' if len(chain) == 2 else f'{len(chain) - 1} changes'} apart: {' → '.join(reversed(chain))}"
                + ("; Δ is the sum of those changes' effects" if len(chain) > 2 else "; Δ is the paper's with the other sign"))
     else:
         common = next(m for m in a if m in b)
-        how = f"two changes of {common}: {common} → {arm} and {common} → {base}; Δ compares the two changes"
-    return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {base} are {how})"
+        how = f"two changes of {common}: {common} → {arm} and {common} → {parent}; Δ compares the two changes"
+    return f"(not one of the paper's comparisons, which compare each mode with its parent: {arm} and {parent} are {how})"
 
 
 def sign_count(k, n, ties):

@@ -39,7 +39,8 @@ RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup'
 # The read before each attention sublayer, per mode: its routes and each one's pseudo-query (the controls'
 # routes too; their attention is control_attention, at the end of this file). Tying the second pseudo-query
 # to the first gives attnres back (ctrl_dup: attnres's function at rd_attnres's compute). rd_attnres splits
-# attention's input by role, ctrl_heads by heads (roles coupled).
+# attention's input by role, ctrl_heads by heads (roles coupled). A mode with one route calls it qk, named for
+# matching, though it feeds the values too: it is the route rd_attnres keeps for q and k.
 ATTENTION_ROUTES = {
     'attnres':      {'qk': 'w_qk'},
     'ctrl_params':  {'qk': 'w_qk'},
@@ -308,12 +309,13 @@ class GPT(nn.Module):
                 x_norm = block.norm_attn(x)
                 x = x + block.attn(x_norm, x_norm, self.rope_cos, self.rope_sin)
                 x = x + block.mlp(block.norm_mlp(x))
+            h = x                              # standard: the final norm sees the stream itself
         else:
-            x = self.forward_depth_routed(x)   # the final read's output h, where standard has its stream
-        x = self.transformer.ln_f(x)
+            h = self.forward_depth_routed(x)   # the final read's output
+        h = self.transformer.ln_f(h)
         if targets is None:  # inference: only the last position's logits are needed
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
+            return self.lm_head(h[:, [-1], :]), None
+        logits = self.lm_head(h)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 

@@ -569,7 +569,7 @@ def report(name, root='.', plots=True):
     runs, report_file, outputs = load_plan(name)
     folders = list(dict.fromkeys(os.path.dirname(r.out_dir) for r in runs))
     sections = [f"# Study `{name}`: paired results\n\n(python study.py report {name}; tables by compare.py, "
-                f"Δ = NLL(arm) − NLL(base), validation NLL at the last step)\n"]
+                f"Δ = NLL(arm) − NLL(parent), validation NLL at the last step)\n"]
     # what a report writes next to the runs (the results JSON, the plots, the report itself, and the
     # temporary names a report killed mid-write leaves) is not a run: passed over without a word
     own = {os.path.abspath(os.path.join(root, p)) for p in [report_file, *(q for f in folders for q in outputs(f))]}

@@ -10,7 +10,7 @@ number of processes and with any micro-batch size that divides the batch. Its pi
   - the initialisation: torch.manual_seed(seed) before the model is built (start_run), the same in every mode
   - window_order, step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs' permutations in turn
     (count_windows, batch_arithmetic: n_windows, M); train gives each rank grad_accum * batch_size of them
-  - get_windows (tensors); the fingerprints windows_hash (a step's) and windows_digest (every step's so far)
+  - get_windows (tensors); windows_hash, a step's fingerprint (data_hash), and windows_digest (data_digest)
   - the check: compare.pair_problem (the frozen keys, compare.FROZEN) and compare.data_problem (the digests)
 
 Reading order: step_windows, train_step, train. Around the loop, in run_kit/: run_dir.start_run, the one door
@@ -136,8 +136,8 @@ def get_windows(data, windows, block_size):
     return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
 
 
-# The order's fingerprints: windows_hash, a step's (its training row); windows_digest, chained over every step's
-# since DIGEST_START (every row, the checkpoint): one digest at step s = the same windows at every step before s
+# A step's fingerprint, windows_hash (its training row's data_hash), and the data digest, windows_digest chained
+# over every step's windows since DIGEST_START (every row, the checkpoint): one digest at s = the same steps before s
 DIGEST_START = '0' * 16
 
 
