@@ -33,7 +33,7 @@ exit_on_help(__name__, __file__, 'docs/results.md, "Route interventions"')   # b
 import torch
 
 from run_kit.common import WriteFailed, run_command
-from run_kit.run_files import CONFIG, LOG
+from run_kit.run_files import CONFIG, FINAL, LOG
 
 DEFAULTS = dict(
     out_dir='',            # a finished run's directory: its final ckpt.pt
@@ -334,7 +334,6 @@ def run_state(root, path):
         return 'diverged', None
     if not is_finished(run_dir):
         return 'unfinished', None
-    from study import FINAL
     has_weights = any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, FINAL))
     return ('measure' if has_weights else 'no_weights'), None
 
@@ -404,7 +403,6 @@ def run_state_weights(root, path):
     """Whether a run set apart can be measured again here: finished, not diverged, its weights in its folder."""
     from run_kit.run_files import CHECKPOINT, divergence
     from run_kit.run_dir import is_finished
-    from study import FINAL
     run_dir = os.path.join(root, path)
     return (is_finished(run_dir) and not divergence(run_dir) and
             any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, FINAL)))

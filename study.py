@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from configurator import configure
 from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, MODEL_KEYS, WriteFailed, build_model, run_command
 from run_kit.run_dir import existing_run, is_finished, killed_before_first_checkpoint
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, LOCK, LOG, RunFileError, atomic_write, describe_divergence, divergence,
-                               read_config, read_log, schedule_length, write_failed)
+from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, FINAL, LOCK, LOG, RunFileError, atomic_write,
+                               describe_divergence, divergence, read_config, read_log, schedule_length, write_failed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEEDS = [1, 2, 3, 4, 5]
@@ -413,7 +413,6 @@ def launch(run, root, launcher, extra, index, stop, replace=False):
     return code
 
 
-FINAL = 'final.safetensors'   # a finished run's weights beside it (not committed): intervene.py reads them
 # What the study derives from a run, in the run's folder: the export of its final model and the route interventions
 # measured on it. Derived from one run: removed when another run starts in the folder (remove_derived).
 DERIVED = (FINAL, 'interventions.json')

@@ -31,6 +31,7 @@ import numpy as np
 from run_kit.common import gpt_config, model_problems
 
 CONFIG, LOG, CHECKPOINT, LOCK = 'config.json', 'log.jsonl', 'ckpt.pt', 'run.lock'
+FINAL = 'final.safetensors'   # a finished run's weights beside it (study.export_final; not committed), intervene.py reads them
 TORN = LOG + '.torn'
 RUN_FILES = (CHECKPOINT, LOG, CONFIG)   # the run's record (run.lock only says who writes here)
 CHECKPOINT_KEYS = ('model', 'optimizer', 'scaler', 'step', 'best_val_loss', 'config', 'rng')
