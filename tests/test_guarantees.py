@@ -221,6 +221,7 @@ def test_bad_invocations_are_messages_and_write_nothing(data_dir, tmp_path, args
     assert not any(os.path.exists(out / name) for name in ('config.json', 'log.jsonl', 'run.lock'))
 
 
+@pytest.mark.slow
 def test_more_bad_input_is_a_message(data_dir, tmp_path):
     (tmp_path / 'syntax.py').write_text('n_layer = = 2\n')
     p = python('train.py', str(tmp_path / 'syntax.py'))

@@ -310,3 +310,15 @@ def test_model_py_stands_alone_and_one_function_builds_a_run_s_model():
     assert [os.path.relpath(p, HERE) for p in typed] == ['model.py']
     cfg = dict(n_layer=1, n_head=2, n_embd=8, block_size=8, residual='rd_attnres', attnres_block_size=2)
     assert type(build_model(cfg)) is GPT and type(build_model(dict(cfg, depth_read='two_phase'))) is TwoPhaseGPT
+
+
+def test_train_py_imports_few_project_names_the_lesson_before_the_machinery():
+    # a reader of train.py sees what the lesson is made of first, then the machinery to skip (the reading order on the README's first screen)
+    import ast
+    source = open(os.path.join(HERE, 'train.py'), encoding='utf-8').read()
+    ours = ('model', 'prepare', 'run_kit', 'fast_read', 'configurator')
+    imports = [n for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.module.split('.')[0] in ours]
+    assert sum(len(n.names) for n in imports) <= 20, [a.name for n in imports for a in n.names]
+    lesson, machinery = source.index('# what the lesson is made of'), source.index('# machinery a reader may skip')
+    first_machinery = min(source.index(m) for m in ('from run_kit import', 'from fast_read'))
+    assert lesson < source.index('from model import') < machinery < first_machinery
