@@ -346,7 +346,13 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
     try:
         tree = os.path.join(work, 'tree')
         if not problem:
-            problem, lines_of = grading_tree(n, where, tree, follow)
+            try:
+                problem, lines_of = grading_tree(n, where, tree, follow)
+            except OSError as e:   # (a disk another student's run filled: once more when its files are gone)
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                course_grader.wait_for_room(limit)
+                problem, lines_of = grading_tree(n, where, tree, follow)
         results = ([(False, [], False, 0.0)] * len(concepts) if problem else
                    course_grader.evaluate_concepts(concepts, tree, limit, sandbox,
                                                    lambda where: their_line(where, lines_of)))

@@ -214,7 +214,8 @@ def same_tensors(*names, rtol=1e-9, atol=1e-12, dtype=None):
             if a is None:
                 return f"{name} is missing"
             if not isinstance(a, torch.Tensor) or a.is_complex() or not (a.is_floating_point() or a.dtype == b.dtype):
-                return f"{name} should be a tensor of {str(b.dtype).replace('torch.', '')}; got {a.dtype}"
+                return (f"{name} should be a tensor of {str(b.dtype).replace('torch.', '')}; got "
+                        f"{str(a.dtype).replace('torch.', '') if isinstance(a, torch.Tensor) else type(a).__name__}")
             if tuple(a.shape) != tuple(b.shape):
                 return f"{name} has shape {tuple(a.shape)}, not the shape asked for ({tuple(b.shape)})"
             if dtype is not None and a.dtype != dtype:
@@ -849,6 +850,14 @@ def disk_full(path):
     return st.f_bavail * st.f_frsize < FULL_BELOW
 
 
+def wait_for_room(cpu_seconds):
+    """Wait until the grading folder's disk has room again (a run that filled it ends within its start-up and
+    twice its CPU time per concept, and its files go with it), at most that long."""
+    until = time.time() + STARTUP + 2 * cpu_seconds
+    while disk_full(grading_folder()) and time.time() < until:
+        time.sleep(0.2)
+
+
 _grading_folder = None
 
 
@@ -988,9 +997,7 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
         rest = concepts[len(out):]
         output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds, sandbox)
         if ended == 'disk':   # (another's files perhaps, not yet cleaned up: once more when there is room again)
-            until = time.time() + STARTUP + 2 * cpu_seconds
-            while disk_full(grading_folder()) and time.time() < until:
-                time.sleep(0.2)
+            wait_for_room(cpu_seconds)
             output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds,
                                                         sandbox)
             if ended == 'disk':
