@@ -524,7 +524,8 @@ def gone(found, bound):
     return not found()
 
 
-def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_ATTACKS, names=True, links=True):
+def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_ATTACKS, names=True, links=True,
+                  one_pair=True, more=None):
     """A class of assignment 5: honest students, a victim, one student per attack by code (in paired_stats'
     region), by files (links, a FIFO, a folder, a huge file, a linked folder) and by names; a plain file and a
     stray project file (sample.py) beside the students; with links, dave's compare.py hard-linked by zz_linker."""
@@ -542,8 +543,9 @@ def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_AT
     # right code that ends its process, or loops, with one pair: the sandbox shared by the concepts ends at
     # that concept, the concepts after it run again in a new one, so only the one-pair concept is lost
     one_pair = '    mean = sum(deltas) / n\n'
-    students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
-                     'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
+    if one_pair:
+        students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
+                         'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
     root = make_class(handouts, tmp_path, n, students)
     for name, code in attacks.items():
         path = root / name / 'compare.py'
@@ -551,7 +553,7 @@ def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_AT
         begins = [i for i, line in enumerate(text) if line.strip() == '### BEGIN YOUR CODE (assignment 5)']
         ends = [i for i, line in enumerate(text) if line.strip() == '### END YOUR CODE (assignment 5)']
         first, last = begins[1], ends[1]          # paired_stats' region (the first is sign_test_p's)
-        body = (code % {'here': HERE, 'out': str(out), 'class': str(classroom)}).rstrip('\n').split('\n')
+        body = (code % {'here': HERE, 'out': str(out), 'class': str(classroom), **(more or {})}).rstrip('\n').split('\n')
         text[first + 1:last] = body
         path.write_text('\n'.join(text))
     for name in file_attacks:
@@ -930,6 +932,101 @@ def test_grading_from_a_normal_account(handouts, reachable):
     assert all(v <= course_grader.FILE_SIZE for v in filled.values()) and filled['/tmp'] > 0, filled
     assert 'found: []' in rows['reader'] and 'compare.py is a link' in rows['link_to_victim']
     assert not (out / 'pwned.txt').exists() and not (root / 'pwned.txt').exists()
+
+
+UID_ATTACKS = {
+    # the instructor's reference and hidden checks, read from the kit the grader runs (the uid sandbox's user is
+    # every other user: a checkout cloned with umask 022 was open to it)
+    'ref_reader': """    import glob, os
+    found = []
+    for f in [%(kit)r + '/compare.py', %(kit)r + '/course_kit/grader.py'] + glob.glob(%(kit)r + '/**', recursive=True):
+        try:
+            open(f, 'rb').read(1)
+            found.append(f)
+        except OSError:
+            pass
+    raise RuntimeError('found: ' + repr(sorted(set(found))))
+""",
+    # another student's grading tree, polled for while the class is graded (--jobs 2): in the grader's temporary
+    # folder (the test's TMPDIR: the machine's /tmp may hold other graders' trees), the folders above its own
+    # tree, other processes' working folders
+    'neighbour': """    import glob, os, tempfile, time
+    mine = os.path.realpath(os.getcwd())
+    up = os.path.dirname(os.path.dirname(mine))
+    found, until = [], time.time() + 4
+    while time.time() < until and not found:
+        for pattern in (%(tmp)r + '/*/*/tree/compare.py',
+                        %(tmp)r + '/*/tree/compare.py', up + '/*/tree/compare.py', '/proc/*/cwd/compare.py',
+                        tempfile.gettempdir() + '/**/compare.py'):
+            for f in glob.glob(pattern, recursive=True):
+                if not os.path.realpath(f).startswith(mine + os.sep):
+                    try:
+                        open(f, 'rb').read(1)
+                        found.append(f)
+                    except OSError:
+                        pass
+        time.sleep(0.1)
+    raise RuntimeError('found: ' + repr(found))
+""",
+    # its temporary folder filled to the last byte, held while others are graded beside it
+    'filler': """    import os, tempfile, time
+    chunk, written = b'x' * 2 ** 22, 0
+    for i in range(64):
+        try:
+            with open(os.path.join(tempfile.gettempdir(), f'fill{i}'), 'wb') as f:
+                for _ in range(16):
+                    f.write(chunk)
+                    written += len(chunk)
+        except OSError:
+            break
+    time.sleep(3)
+    raise RuntimeError('filled: %%d' %% written)
+""",
+}
+
+
+@pytest.mark.slow
+def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachable):
+    # the same attacks graded under bubblewrap and under --sandbox uid, from a kit only root can read, with the
+    # grader's temporary folder on a small disk of its own: a reader of the reference and one of a neighbour's
+    # tree find nothing, a disk filler beside honest students zeroes none of them (each graded, or said not
+    # graded because the disk was full: never a 0 that blames their code), a hard link is flagged, and the
+    # honest marks are the same under both
+    if os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    disk = reachable / 'disk'
+    disk.mkdir()
+    mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=160m,mode=1777', 'tmpfs', str(disk)],
+                             capture_output=True).returncode == 0
+    attacks = UID_ATTACKS if mounted else {k: v for k, v in UID_ATTACKS.items() if k != 'filler'}
+    kit = kit_copy(str(private_folder(tmp_path)))
+    honest = ('good', 'zz_victim')
+    marks = {}
+    try:
+        for sandbox in ('bubblewrap', 'uid'):
+            base, out = tmp_path / sandbox, tmp_path / f'out_{sandbox}'
+            base.mkdir()
+            root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, one_pair=False,
+                                 more={'kit': kit, 'tmp': str(disk)})
+            p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out', str(out),
+                                '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
+                               env=dict(os.environ, TMPDIR=str(disk)))
+            assert p.returncode == course.EXIT_NOT_GRADED, p.stdout[-3000:] + p.stderr[-3000:]
+            rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+            marks[sandbox] = {name: rows[name].rstrip().split('\n')[-1] for name in honest}
+            assert all(line == 'score: 6/6' for line in marks[sandbox].values()), (sandbox, rows)
+            for name in ('ref_reader', 'neighbour'):
+                assert 'found: []' in rows[name], (sandbox, name, rows[name])
+            for name, other in (('dave', 'zz_linker'), ('zz_linker', 'dave')):
+                assert f"not graded: compare.py is the same file as {other}'s" in rows[name], rows[name]
+            if mounted:
+                assert 'score: 6/6' not in rows['filler'], rows['filler']
+                assert not any('ended without answering' in rows[name] for name in honest)
+                assert os.listdir(disk) == [], os.listdir(disk)   # every file it wrote, found and removed
+        assert marks['uid'] == marks['bubblewrap']
+    finally:
+        if mounted:
+            subprocess.run(['umount', '-l', str(disk)])
 
 
 def private_folder(tmp_path):
