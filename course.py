@@ -423,8 +423,8 @@ def locate(n, submission):
     link, a folder, which read_handed_in refuses); else the one folder deeper that holds a copy of the project
     (an upload nested in folders); with several, why, saying where they are."""
     files = files_of(n)
-    if any(os.path.lexists(os.path.join(submission, f)) for f in files):
-        return submission, None, None
+    if os.path.islink(submission) or any(os.path.lexists(os.path.join(submission, f)) for f in files):
+        return submission, None, None   # (a linked folder is never searched through: read_handed_in refuses it)
     found = files_found(submission, files)
     roots = project_roots(found, files)
     if len(roots) == 1:

@@ -1554,6 +1554,11 @@ def test_a_nested_upload_is_found_where_it_is(tmp_path):
     (path / 'compare.py').write_text('x = 1\n')
     os.symlink(str(up), deep / 'link')
     assert course.files_found(str(deep), ['compare.py']) == []
+    import shutil
+    os.remove(up / 'compare.py')
+    shutil.rmtree(up / 'old')
+    os.symlink(str(up), tmp_path / 'linked')   # a student folder that is a link is not searched through
+    assert course.locate(5, str(tmp_path / 'linked')) == (str(tmp_path / 'linked'), None, None)
 
 
 def test_a_full_disk_is_said_and_blames_no_one(tmp_path, monkeypatch):
