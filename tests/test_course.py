@@ -525,7 +525,7 @@ def gone(found, bound):
 
 
 def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_ATTACKS, names=True, links=True,
-                  one_pair=True, more=None):
+                  pairs=True, more=None):
     """A class of assignment 5: honest students, a victim, one student per attack by code (in paired_stats'
     region), by files (links, a FIFO, a folder, a huge file, a linked folder) and by names; a plain file and a
     stray project file (sample.py) beside the students; with links, dave's compare.py hard-linked by zz_linker."""
@@ -543,7 +543,7 @@ def hostile_class(handouts, tmp_path, out, attacks=ATTACKS, file_attacks=FILE_AT
     # right code that ends its process, or loops, with one pair: the sandbox shared by the concepts ends at
     # that concept, the concepts after it run again in a new one, so only the one-pair concept is lost
     one_pair = '    mean = sum(deltas) / n\n'
-    if one_pair:
+    if pairs:
         students.update({'exits_with_one_pair': [('compare.py', one_pair, "    if n == 1: __import__('os')._exit(3)\n" + one_pair)],
                          'loops_with_one_pair': [('compare.py', one_pair, '    while n == 1: pass\n' + one_pair)]})
     root = make_class(handouts, tmp_path, n, students)
@@ -1006,7 +1006,7 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
         for sandbox in ('bubblewrap', 'uid'):
             base, out = tmp_path / sandbox, tmp_path / f'out_{sandbox}'
             base.mkdir()
-            root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, one_pair=False,
+            root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, pairs=False,
                                  more={'kit': kit, 'tmp': str(disk)})
             p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out', str(out),
                                 '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
