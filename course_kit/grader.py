@@ -25,6 +25,7 @@ What comes back from the sandbox (answers, messages) is data: each value is chec
 it is compared, and the student's text is shown inert (course.shown).
 """
 
+import errno
 import itertools
 import json
 import math
@@ -986,6 +987,24 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     return answers, stderr_text, ended, time.time() - t0
 
 
+def run_with_room(tree, request, n_concepts, cpu_seconds, sandbox):
+    """run_worker, once more when the grading folder's disk was full (another's files perhaps, not yet cleaned
+    up) and there is room again; DiskFull when it was full both times."""
+    for attempt in (0, 1):
+        try:
+            result = run_worker(tree, request, n_concepts, cpu_seconds, sandbox)
+        except OSError as e:   # (its request or outputs could not be written)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            result = None, None, 'disk', 0.0
+        if result[2] != 'disk':
+            return result
+        if not attempt:
+            wait_for_room(cpu_seconds)
+    raise DiskFull(f"the disk was full (the disk of {grading_folder()}, where grading writes its copy of the "
+                   "submission and the answers, had no room while the code ran): make room and grade it again")
+
+
 def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: where):
     """[(passed, [feedback lines], timed out, seconds)] for each concept: its probes, run by the student's
     code in the sandbox and by the instructor's code here, compared. The concepts share one sandbox (one
@@ -995,15 +1014,8 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
     out = []
     while len(out) < len(concepts):
         rest = concepts[len(out):]
-        output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds, sandbox)
-        if ended == 'disk':   # (another's files perhaps, not yet cleaned up: once more when there is room again)
-            wait_for_room(cpu_seconds)
-            output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds,
-                                                        sandbox)
-            if ended == 'disk':
-                raise DiskFull(f"the disk was full (the disk of {grading_folder()}, where grading writes its copy of "
-                               "the submission and the answers, had no room while the code ran): make room and grade "
-                               "it again")
+        output, stderr, ended, seconds = run_with_room(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds,
+                                                       sandbox)
         answers = course_worker.read_answers(output, len(rest) + 1)[1:]   # (after the ready frame)
         share = seconds / (len(answers) + (len(answers) < len(rest)))
         firsts = [sum(len(c.probes) for c in rest[:j]) for j in range(len(rest))]   # in this request
