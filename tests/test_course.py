@@ -1572,3 +1572,20 @@ def test_a_full_disk_is_said_and_blames_no_one(tmp_path, monkeypatch):
     r = course.grade_safely(5, str(tmp_path / 'alice'), 'alice', 1, 'none', True)
     assert r['status'] == 'not graded' and r['feedback'].split('\n')[1].startswith('  not graded: the disk was full')
     assert course_grader.disk_full(str(tmp_path)) is False and course_grader.disk_full('/no/such/folder') is True
+    # a run that met a full disk runs once more when there is room; full both times, it is DiskFull (not a 0)
+    runs = []
+
+    def full_once(*args):
+        runs.append(args)
+        return (b'', '', 'disk', 0.0) if len(runs) == 1 else (b'answers', '', None, 1.0)
+    monkeypatch.setattr(course_grader, 'run_worker', full_once)
+    assert course_grader.run_with_room('tree', b'', 3, 1, 'none') == (b'answers', '', None, 1.0) and len(runs) == 2
+    monkeypatch.setattr(course_grader, 'run_worker', lambda *args: (b'', '', 'disk', 0.0))
+    with pytest.raises(course_grader.DiskFull, match='the disk was full'):
+        course_grader.run_with_room('tree', b'', 3, 1, 'none')
+
+    def no_room_for_the_request(*args):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(course_grader, 'run_worker', no_room_for_the_request)
+    with pytest.raises(course_grader.DiskFull):
+        course_grader.run_with_room('tree', b'', 3, 1, 'none')
