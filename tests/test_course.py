@@ -968,17 +968,24 @@ UID_ATTACKS = {
         time.sleep(0.1)
     raise RuntimeError('found: ' + repr(found))
 """,
-    # its temporary folder filled to the last byte, held while others are graded beside it
+    # its temporary folder filled to the last byte (chunks halved down to one byte, each size until the disk
+    # refuses it), held while others are graded beside it
     'filler': """    import os, tempfile, time
-    chunk, written = b'x' * 2 ** 22, 0
-    for i in range(64):
-        try:
-            with open(os.path.join(tempfile.gettempdir(), f'fill{i}'), 'wb') as f:
-                for _ in range(16):
-                    f.write(chunk)
-                    written += len(chunk)
-        except OSError:
-            break
+    written, i = 0, 0
+    for k in range(22, -1, -1):
+        while True:
+            i += 1
+            try:
+                fd = os.open(os.path.join(tempfile.gettempdir(), f'fill{i}'), os.O_WRONLY | os.O_CREAT, 0o600)
+            except OSError:
+                break
+            try:
+                for _ in range(2 ** 26 // 2 ** k):
+                    written += os.write(fd, b'x' * 2 ** k)
+            except OSError:
+                break
+            finally:
+                os.close(fd)
     time.sleep(3)
     raise RuntimeError('filled: %%d' %% written)
 """,
