@@ -723,13 +723,17 @@ def end_processes_of(uid, tops=()):
             'for _ in range(100):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except ProcessLookupError:\n'
             '        break\n')
     subprocess.run([sys.executable, '-I', '-S', '-c', code, str(uid)], env={}, check=True)
+    took = 0   # bytes of disk its files held (st_blocks: a sparse file holds what it wrote, not its size)
     for top in dict.fromkeys(('/tmp', '/var/tmp', '/dev/shm', tempfile.gettempdir(), *tops)):
         for path, is_folder in reversed(tree_of(top)):   # (what is inside a folder before the folder)
             try:
-                if os.lstat(path).st_uid == uid:
+                st = os.lstat(path)
+                if st.st_uid == uid:
                     os.rmdir(path) if is_folder else os.remove(path)
+                    took += 0 if is_folder else st.st_blocks * 512
             except OSError:   # (a folder that still holds another user's files stays)
                 pass
+    return took
 
 
 def tree_of(top):
@@ -839,6 +843,7 @@ class DiskFull(Exception):
 
 
 FULL_BELOW = 2 ** 20   # bytes free on the grading folder's disk under which it counts as full
+FILLED = 16 * 2 ** 20  # bytes a run's own files held, past which a disk full while it ran is its own doing
 
 
 def disk_full(path):
@@ -942,7 +947,7 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         paths = [os.path.join(work, name) for name in ('request', 'answers')]
         with open(paths[0], 'wb') as f:
             f.write(request)
-        t0, ended, done, full = time.time(), None, 0, False
+        t0, ended, done, full, took = time.time(), None, 0, False, 0
         with open(paths[0], 'rb') as stdin, open(paths[1], 'wb') as stdout:
             proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=tree, env=env,
                                     start_new_session=True)
@@ -968,7 +973,7 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
                     pass
                 proc.wait()
                 if uid is not None:   # (no PID namespace: every process of its user, wherever it went)
-                    end_processes_of(uid)
+                    took = end_processes_of(uid)
                 stderr.join(10)       # (every writer ended: the pipe is at its end)
         full = full or disk_full(work)
         # the CPU limit sends SIGXCPU (bubblewrap reports its child's death by a signal as 128 + the signal);
@@ -978,7 +983,9 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered() <= n_concepts:
             ended = 'killed'
         if full and answered() <= n_concepts and ended not in ('cpu', 'clock'):
-            ended = 'disk'
+            # a disk it filled itself (the uid sandbox: its files held a good part of it) is its own doing; one
+            # that another filled is not: run again (run_with_room)
+            ended = 'filled' if took >= FILLED else 'disk'
         with open(paths[1], 'rb') as f:
             answers = f.read(FILE_SIZE)
         stderr_text = bytes(stderr.tail).decode('utf-8', 'replace')
@@ -1022,6 +1029,11 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
         for c, got, first in zip(rest, answers, firsts):
             out.append((*judge(c, got, first, place), False, share))
         if len(answers) < len(rest):   # the next concept ended the run
+            if ended == 'filled':   # (not run again: it would fill the disk again, beside others)
+                out += [(False, ["the code filled the disk (it wrote more than "
+                                 f"{FILLED // 2 ** 20} MB in temporary files while the disk ran out of room): "
+                                 "its concepts are not run again"], False, share)] * (len(rest) - len(answers))
+                continue
             what = {'cpu': f"did not finish within {cpu_seconds:.0f} s of CPU time",
                     'clock': f"did not finish within {2 * cpu_seconds:.0f} s of wall-clock time (twice its "
                              f"{cpu_seconds:.0f} s of CPU time: code that sleeps or waits is stopped by the clock)",

@@ -996,9 +996,9 @@ UID_ATTACKS = {
 def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachable):
     # the same attacks graded under bubblewrap and under --sandbox uid, from a kit only root can read, with the
     # grader's temporary folder on a small disk of its own: a reader of the reference and one of a neighbour's
-    # tree find nothing, a disk filler beside honest students zeroes none of them (each graded, or said not
-    # graded because the disk was full: never a 0 that blames their code), a hard link is flagged, and the
-    # honest marks are the same under both
+    # tree find nothing, a disk filler beside honest students zeroes none of them (a run that met the full
+    # disk runs again once there is room; the filler, whose own files filled it, is told so and not run
+    # again), a hard link is flagged, and the honest marks are the same under both
     if os.geteuid() != 0:
         pytest.skip('the uid sandbox runs as root')
     disk = reachable / 'disk'
@@ -1027,7 +1027,7 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
             for name, other in (('dave', 'zz_linker'), ('zz_linker', 'dave')):
                 assert f"not graded: compare.py is the same file as {other}'s" in rows[name], rows[name]
             if mounted:   # (bubblewrap: its own /tmp filled; uid: the grader's disk, said full, its row not graded)
-                assert ('filled: ' if sandbox == 'bubblewrap' else 'not graded: the disk was full') in rows['filler'], \
+                assert ('filled: ' if sandbox == 'bubblewrap' else 'the code filled the disk') in rows['filler'], \
                     rows['filler']
                 assert not any('ended without answering' in rows[name] for name in honest)
                 left = [p for p, _ in course_grader.tree_of(str(disk)) if 'rd-attnres-grading-' in p
@@ -1597,3 +1597,15 @@ def test_a_full_disk_is_said_and_blames_no_one(tmp_path, monkeypatch):
     monkeypatch.setattr(course_grader, 'run_worker', no_room_for_the_request)
     with pytest.raises(course_grader.DiskFull):
         course_grader.run_with_room('tree', b'', 3, 1, 'none')
+
+    # a run whose own files filled the disk is its own doing: its concepts fail, said so, and it is not run again
+    ready = course_worker.frame({}, {'ready': True})
+    calls = []
+
+    def filled(*args):
+        calls.append(args)
+        return ready, '', 'filled', 1.0
+    monkeypatch.setattr(course_grader, 'run_worker', filled)
+    results = course_grader.evaluate_concepts(course_grader.concepts(5), 'tree', 1, 'uid')
+    assert len(calls) == 1 and [passed for passed, *_ in results] == [False] * 3
+    assert all('the code filled the disk' in lines[0] for _, lines, _, _ in results)
