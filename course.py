@@ -331,6 +331,19 @@ def their_line(where, lines_of):
     return f"{f}, line {line} (called from your code)"
 
 
+def with_room(fn, limit):
+    """fn(), and once more when it met a full disk (another student's run filled it: its files go with its run)
+    and there is room again; a full disk the second time is the OSError, which grade_safely says."""
+    from course_kit import grader as course_grader
+    try:
+        return fn()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    course_grader.wait_for_room(limit)
+    return fn()
+
+
 def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name=None):
     """Grade one submission folder: a dict with the marks of each concept, the total, status and feedback. A
     folder that lacks the assignment's files but holds one copy of the project deeper (an upload nested in
@@ -342,17 +355,11 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
     where, found, problem = locate(n, submission)
     lines_of = {}
     # the student's folder in the grader's own (0700, random name; under the uid sandbox its user's alone)
-    work = tempfile.mkdtemp(dir=course_grader.grading_folder())
+    work = with_room(lambda: tempfile.mkdtemp(dir=course_grader.grading_folder()), limit)
     try:
         tree = os.path.join(work, 'tree')
         if not problem:
-            try:
-                problem, lines_of = grading_tree(n, where, tree, follow)
-            except OSError as e:   # (a disk another student's run filled: once more when its files are gone)
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                course_grader.wait_for_room(limit)
-                problem, lines_of = grading_tree(n, where, tree, follow)
+            problem, lines_of = with_room(lambda: grading_tree(n, where, tree, follow), limit)
         results = ([(False, [], False, 0.0)] * len(concepts) if problem else
                    course_grader.evaluate_concepts(concepts, tree, limit, sandbox,
                                                    lambda where: their_line(where, lines_of)))
