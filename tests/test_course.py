@@ -986,7 +986,7 @@ UID_ATTACKS = {
                 break
             finally:
                 os.close(fd)
-    time.sleep(8 if len(deltas) == 5 else 0)   # (its first probe: the next students start on the full disk)
+    time.sleep(15 if len(deltas) == 5 else 0)   # (its first probe: the next students start on the full disk)
     raise RuntimeError('filled: %%d' %% written)
 """,
 }
