@@ -718,7 +718,8 @@ def closed_to_others(path):
 def end_processes_of(uid, tops=()):
     """Every process of user `uid` ended (the uid sandbox's tree, whatever it started), and the files it left
     in the machine's shared temporary folders removed. A process of that user sends the kill: kill(-1) reaches
-    every process it may signal, that is every process of the user, and never itself."""
+    every process it may signal, that is every process of the user, and never itself. Returns the bytes of disk
+    the removed files held (also those in the grader's TMPDIR, where its own TMPDIR and HOME lie)."""
     code = ('import os, signal, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
             'for _ in range(100):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except ProcessLookupError:\n'
             '        break\n')
@@ -904,7 +905,7 @@ def captured(stream, keep):
     def drain():
         while True:
             try:
-                chunk = stream.read(65536)
+                chunk = os.read(stream.fileno(), 65536)   # (what is there: the tail is current whenever it ends)
             except (OSError, ValueError):
                 break
             if not chunk:
@@ -920,7 +921,8 @@ def captured(stream, keep):
 
 def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     """Run the worker on `request` (bytes) for n_concepts concepts: (answers bytes, stderr text, what ended it
-    early (None, 'cpu', 'clock', 'killed' or 'disk': the grading folder's disk was full while it ran), seconds).
+    early (None, 'cpu', 'clock', 'killed', 'disk': the grading folder's disk was full while it ran, or 'filled':
+    full, and the run's own files held FILLED bytes of it), seconds).
     Each concept has cpu_seconds of CPU time (the worker's own limit: a loop) and twice that in wall-clock time
     from the previous answer (this clock: code that sleeps or waits); the worker's first frame says it is ready
     (Python and torch started, within STARTUP). Once every concept has answered, whatever the code left running
