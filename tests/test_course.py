@@ -947,13 +947,14 @@ UID_ATTACKS = {
             pass
     raise RuntimeError('found: ' + repr(sorted(set(found))))
 """,
-    # another student's grading tree, polled for while the class is graded (--jobs 2): in the grader's temporary
+    # another student's grading tree, polled for while the class is graded (--jobs 2, and a second grader at
+    # the same time): in the grader's temporary
     # folder (the test's TMPDIR: the machine's /tmp may hold other graders' trees), the folders above its own
     # tree, other processes' working folders
     'neighbour': """    import glob, os, tempfile, time
     mine = os.path.realpath(os.getcwd())
     up = os.path.dirname(os.path.dirname(mine))
-    found, until = [], time.time() + 4
+    found, until = [], time.time() + 8
     while time.time() < until and not found:
         for pattern in (%(tmp)r + '/*/*/tree/compare.py',
                         %(tmp)r + '/*/tree/compare.py', up + '/*/tree/compare.py', '/proc/*/cwd/compare.py',
@@ -1015,9 +1016,16 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
             base.mkdir()
             root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, pairs=False,
                                  more={'kit': kit, 'tmp': str(disk)})
-            p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out', str(out),
-                                '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
-                               env=dict(os.environ, TMPDIR=str(disk)))
+            # a second grader at the same time, on a class of honest students: its trees are no easier to read
+            other = make_class(handouts, base / 'other', 5, {f'honest{i}': [] for i in range(4)})
+            command = [sys.executable, os.path.join(kit, 'course.py'), 'grade', '5']
+            env = dict(os.environ, TMPDIR=str(disk))
+            second = subprocess.Popen([*command, str(other), '--sandbox', sandbox], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, env=env)
+            p = subprocess.run([*command, str(root), '--out', str(out), '--jobs', '2', '--sandbox', sandbox],
+                               capture_output=True, text=True, timeout=900, env=env)
+            said = second.communicate(timeout=900)[0]
+            assert second.returncode == 0 and said.count('score: 6/6') == 4, said[-3000:]
             assert p.returncode == course.EXIT_NOT_GRADED, p.stdout[-3000:] + p.stderr[-3000:]
             rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
             marks[sandbox] = {name: rows[name].rstrip().split('\n')[-1] for name in honest}
