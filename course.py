@@ -217,7 +217,18 @@ MAX_SOURCE = 1_000_000   # bytes: a file of an assignment is a few kB (model.py,
 
 
 class NotHandedIn(Exception):
-    """A file of a submission that is not graded (missing, a link, not a regular file, too large): why, in words."""
+    """A file of a submission that is not graded (missing, a link, not a regular file, too large): why, in words.
+    flagged: not the student's fault, or not surely (a hard link another student may have made): the row is
+    "not graded", for the instructor to look at, never a 0."""
+
+    def __init__(self, message, flagged=False):
+        super().__init__(message)
+        self.flagged = flagged
+
+
+class Flagged(str):
+    """Why a submission is not graded, where that is no fault of its code (a hard link that another student may
+    have made, a full disk): its row is "not graded", flagged for the instructor (exit status 3), never a 0."""
 
 
 def read_handed_in(submission, f, follow=True):
@@ -243,10 +254,11 @@ def read_handed_in(submission, f, follow=True):
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise NotHandedIn(f"{f} is not a regular file: hand in the file itself")
-        if st.st_nlink > 1:   # (a hard link: the same file under another name, another student's perhaps)
-            os.close(fd)
-            raise NotHandedIn(f"{f} is a hard link (a name of a file that has {st.st_nlink}): hand in a file of "
-                              "your own")
+        if st.st_nlink > 1:   # (a hard link: the same file under another name, another student's perhaps, who
+            os.close(fd)      # may be the victim: flagged, never graded as either's)
+            raise NotHandedIn(f"{f} is a hard link (one file with {st.st_nlink} names, the others outside this "
+                              "folder): not graded, as it may be another's file; the instructor will look at it",
+                              flagged=True)
         with os.fdopen(fd, 'rb') as fin:
             if st.st_size > MAX_SOURCE:
                 raise NotHandedIn(f"{f} is {st.st_size:,} bytes, more than the {MAX_SOURCE:,} a source file of an "
@@ -282,7 +294,7 @@ def grading_tree(n, submission, tree, follow=True):
             try:
                 theirs = read_handed_in(submission, f, follow)
             except NotHandedIn as e:
-                return str(e), {}
+                return (Flagged(e) if e.flagged else str(e)), {}
             spots = [(first, last) for a, first, last in regions('\n'.join(ours), ANSWER_BEGIN, ANSWER_END) if a == n]
             found = answers(theirs, n)
             if len(found) != len(spots):
@@ -319,16 +331,35 @@ def their_line(where, lines_of):
     return f"{f}, line {line} (called from your code)"
 
 
+def with_room(fn, limit):
+    """fn(), and once more when it met a full disk (another student's run filled it: its files go with its run)
+    and there is room again; a full disk the second time is the OSError, which grade_safely says."""
+    from course_kit import grader as course_grader
+    try:
+        return fn()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    course_grader.wait_for_room(limit)
+    return fn()
+
+
 def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name=None):
-    """Grade one submission folder: a dict with the marks of each concept, the total, status and feedback."""
+    """Grade one submission folder: a dict with the marks of each concept, the total, status and feedback. A
+    folder that lacks the assignment's files but holds one copy of the project deeper (an upload nested in
+    folders) is graded from there, and the feedback says so; one that holds several says where."""
     from course_kit import grader as course_grader
     limit = limit or 60.0
     concepts = course_grader.concepts(n)
     marks, by_concept, timed_out, seconds = {}, {}, False, 0.0
-    with tempfile.TemporaryDirectory() as work:
-        os.chmod(work, 0o711)   # (the uid sandbox's user reaches the tree through it, without listing it)
+    where, found, problem = locate(n, submission)
+    lines_of = {}
+    # the student's folder in the grader's own (0700, random name; under the uid sandbox its user's alone)
+    work = with_room(lambda: tempfile.mkdtemp(dir=course_grader.grading_folder()), limit)
+    try:
         tree = os.path.join(work, 'tree')
-        problem, lines_of = grading_tree(n, submission, tree, follow)
+        if not problem:
+            problem, lines_of = with_room(lambda: grading_tree(n, where, tree, follow), limit)
         results = ([(False, [], False, 0.0)] * len(concepts) if problem else
                    course_grader.evaluate_concepts(concepts, tree, limit, sandbox,
                                                    lambda where: their_line(where, lines_of)))
@@ -339,14 +370,103 @@ def grade_one(n, submission, limit=None, sandbox='bubblewrap', follow=True, name
             by_concept[c.name] += [f"         {x}" for x in lines]
             if not passed and not problem:
                 by_concept[c.name].append(f"         hint: {c.hint}")
-    status = 'no answer' if problem else 'timed out' if timed_out else 'graded'
+    finally:
+        course_grader.remove_tree(work)
+    status = ('not graded' if isinstance(problem, Flagged) else 'no answer' if problem else
+              'timed out' if timed_out else 'graded')
     head = [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name or course_grader.shown_name(submission)}"]
+    if found:
+        head.append(f"  graded the folder {course_grader.shown(found)} of the submission (the project was found there)")
     if problem:
         head.append(f"  not graded: {problem}")
     if timed_out:
         head.append(f"  timed out: code that runs past {limit:.0f} s of CPU time, or twice that in wall-clock time, "
                     "per concept scores 0 for it")
     return row(submission, concepts, marks, by_concept, head, status, seconds)
+
+
+DEEPEST, MOST_ENTRIES = 8, 20_000   # how far a submission is searched for a project nested in folders
+
+
+def files_found(folder, files):
+    """The paths (relative to folder, sorted) of the regular files under it, at most DEEPEST folders down (links
+    never followed, at most MOST_ENTRIES entries looked at), whose path ends with one of `files` (relative
+    paths: compare.py, fast_read/two_phase_read.py)."""
+    found, stack, seen = [], [(folder, 0)], 0
+    while stack and seen < MOST_ENTRIES:
+        top, depth = stack.pop()
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if depth < DEEPEST:
+                        stack.append((e.path, depth + 1))
+                elif e.is_file(follow_symlinks=False):
+                    rel = os.path.relpath(e.path, folder).replace(os.sep, '/')
+                    if any(rel == f or rel.endswith('/' + f) for f in files):
+                        found.append(rel)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def project_roots(found, files):
+    """The folders (relative, '' for the top) that a list of found files (files_found) places a project at: the
+    path of each less the assignment file's own relative path."""
+    roots = set()
+    for rel in found:
+        f = max((f for f in files if rel == f or rel.endswith('/' + f)), key=len)
+        roots.add(rel[:-len(f)].rstrip('/'))
+    return sorted(roots)
+
+
+def locate(n, submission):
+    """(folder to grade, the nested folder it is as said to the student or None, why it cannot be graded or
+    None): the submission itself when it holds one of assignment n's files (or anything in their place: a
+    link, a folder, which read_handed_in refuses); else the one folder deeper that holds a copy of the project
+    (an upload nested in folders); with several, why, saying where they are."""
+    files = files_of(n)
+    if os.path.islink(submission) or any(os.path.lexists(os.path.join(submission, f)) for f in files):
+        return submission, None, None   # (a linked folder is never searched through: read_handed_in refuses it)
+    found = files_found(submission, files)
+    roots = project_roots(found, files)
+    if len(roots) == 1:
+        return os.path.join(submission, roots[0]), roots[0], None
+    if roots:
+        from course_kit.grader import shown
+        return submission, None, (f"{files[0]} is missing from the submission folder itself; found at "
+                                  f"{', '.join(shown(x, 120) for x in found[:3])}{', ...' if len(found) > 3 else ''}: "
+                                  "upload the project folder (one copy of it)")
+    return submission, None, None
+
+
+def same_files(subs, files):
+    """{index of a submission: why it is not graded} for each submission whose file of the assignment is the same
+    file (one inode: a hard link) as another submission's: neither is graded, both are flagged (the victim is
+    never blamed). subs: [(name as shown, folder)]."""
+    owners = {}
+    for i, (name, folder) in enumerate(subs):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(folder, f))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                owners.setdefault((st.st_dev, st.st_ino), []).append((i, name, f))
+    out = {}
+    for holders in owners.values():
+        if len({i for i, _, _ in holders}) < 2:
+            continue
+        for i, _, f in holders:
+            others = [name for j, name, _ in holders if j != i]
+            out.setdefault(i, Flagged(f"{f} is the same file as {others[0]}'s"
+                                      + (f" (and {len(others) - 1} more)" if len(others) > 1 else '')
+                                      + " (a hard link): neither is graded; the instructor will look at it"))
+    return out
 
 
 def not_graded(n, submission, name, why):
@@ -369,19 +489,28 @@ def row(submission, concepts, marks, by_concept, head, status, seconds):
 
 def grade_safely(n, submission, name, limit, sandbox, follow):
     """grade_one inside an error boundary: whatever goes wrong while grading one student gives that student a
-    row saying "not graded: <why>", and the class goes on."""
+    row saying "not graded: <why>", and the class goes on; a disk too full for grading to write is said so."""
     from course_kit import grader as course_grader
     try:
         return grade_one(n, submission, limit, sandbox, follow, name)
+    except course_grader.DiskFull as e:
+        return not_graded(n, submission, name, str(e))
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return not_graded(n, submission, name, f"the grader failed on this submission ({type(e).__name__}: "
+                                                   f"{course_grader.shown(e, 200)}); grade it again, or alone, and "
+                                                   "report the message")
+        return not_graded(n, submission, name, f"the disk was full ({course_grader.shown(e.strerror, 100)}, where grading "
+                                               "writes its copy of the submission): make room and grade it again")
     except Exception as e:   # noqa: BLE001 (the boundary: a bug of the grader's own included)
         return not_graded(n, submission, name, f"the grader failed on this submission ({type(e).__name__}: "
                                                f"{course_grader.shown(e, 200)}); grade it again, or alone, and report the message")
 
 
-def submissions_in(n, folder):
+def submissions_in(n, folder, layout=None):
     """([(name as shown, path, follow links, note, skeleton)], [what was skipped, in words]): the folder itself if it is
-    one submission (it holds one of the assignment's files or of the project's top-level .py files as a regular
-    file), else each of its subfolders (a class: one folder per student). A student names their own folder,
+    one submission, else each of its subfolders (a class: one folder per student), as folder_layout reads it
+    (layout: 'submission' or 'class', said by the instructor; a folder it cannot read either way is refused). A student names their own folder,
     so a folder or a link named compare.py in a class is a student's, never the sign of a submission. In a
     class a student's entry that is a link is graded as not handed in (a link hands in someone else's
     folder), and a plain file is skipped and said. Rows are told apart by what a person sees: a name that
@@ -392,7 +521,11 @@ def submissions_in(n, folder):
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
         raise SystemExit(f"{folder} cannot be read as a folder of submissions ({e.strerror})")
-    if is_submission(n, entries):
+    if layout is None:
+        layout, why = folder_layout(*folder_seen(n, entries), files_of(n))
+        if layout is None:
+            raise SystemExit(f"{folder}: {why}")
+    if layout == 'submission':
         name = os.path.basename(os.path.abspath(folder))
         return [(shown_name(name), folder, True, name_note(name), skeleton(name))], []
     subs, skipped = [], []
@@ -419,11 +552,60 @@ def submissions_in(n, folder):
     return out, skipped
 
 
-def is_submission(n, entries):
-    """Whether a folder's entries are one submission's: it holds one of the project's top-level .py files (the
-    assignment's among them) as a regular file."""
-    signs = {f for f in handout_files() if '/' not in f and f.endswith('.py')} | set(files_of(n))
-    return any(e.name in signs and e.is_file(follow_symlinks=False) for e in entries)
+def project_signs(n):
+    """The names whose regular file marks a project folder: the project's top-level .py files and assignment n's."""
+    return {f for f in handout_files() if '/' not in f and f.endswith('.py')} | set(files_of(n))
+
+
+def folder_seen(n, entries):
+    """What a folder's entries are, for folder_layout: (the assignment's files it holds as regular files, the
+    project's other top-level .py files it holds so, [(each subfolder's name, whether it holds a project: one of
+    those files as a regular file)])."""
+    signs, files = project_signs(n), set(files_of(n))
+    here = {e.name for e in entries if e.name in signs and e.is_file(follow_symlinks=False)}
+    folders = []
+    for e in entries:
+        if e.is_dir(follow_symlinks=True):
+            try:
+                holds = not e.is_symlink() and any(x.name in signs and x.is_file(follow_symlinks=False)
+                                                   for x in os.scandir(e.path))
+            except OSError:
+                holds = False
+            folders.append((e.name, holds))
+    return sorted(here & files), sorted(here - files), folders
+
+
+PROJECT_FOLDERS = {'tests', 'run_kit', 'fast_read', 'config', 'docs', 'scripts', 'results', 'study', 'data', 'out',
+                   '__pycache__', '.git', '.venv', 'venv', '.pytest_cache', '.ipynb_checkpoints'}
+
+
+def folder_layout(assignment_files, project_files_here, folders, files):
+    """How a folder given to grade is read: ('submission', None), ('class', None), or (None, what was seen and
+    how to say which was meant). A folder that holds the assignment's file is one submission; one whose
+    subfolders hold projects is a class, whatever stray files lie beside them (a sample.py); one that holds
+    other project files and only a project's own folders (tests/, run_kit/) is a submission that lacks the
+    assignment's file; one with folders alone is a class. Both at once is refused: a class folder with the
+    assignment's file in it, or project files beside folders that are not a project's."""
+    students = [name for name, holds in folders if holds]
+    others = [name for name, holds in folders if not holds and name not in PROJECT_FOLDERS]
+
+    def listed(names):
+        return ', '.join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else '')
+    say = ("say which was meant: --layout submission grades the folder as one submission, --layout class grades "
+           "each of its folders as a student's (the files beside them skipped)")
+    if assignment_files and students:
+        return None, (f"it holds {listed(assignment_files)} itself and {len(students)} folder"
+                      f"{'s' if len(students) > 1 else ''} that hold a project ({listed(students)}): {say}")
+    if assignment_files:
+        return 'submission', None
+    if students:
+        return 'class', None
+    if project_files_here and others:
+        return None, (f"it holds the project's {listed(project_files_here)} (not {listed(files)}) and the "
+                      f"folder{'s' if len(others) > 1 else ''} {listed(others)}, none of which holds a project: {say}")
+    if project_files_here:
+        return 'submission', None
+    return 'class', None
 
 
 def file_names(names, looks=None):
@@ -491,23 +673,69 @@ def writable_folder(folder, what):
                 "free space, and grade again")
 
 
-def one_upload(n, subs):
-    """Gradescope grades one submission per upload: of a class-like upload (several folders), the one folder
-    that holds a file of assignment n, or SystemExit saying what to upload (results.json then says it)."""
+def secret_files(root=HERE):
+    """The instructor's files a submission must never read: the grader and the kit's tests, and every graded file
+    that holds a solution (the reference), as paths under root."""
+    kit = ['course_kit/grader.py', 'tests/test_hidden.py', 'tests/test_course.py', 'tests/test_course_check.py']
+    marked = [f for f in GRADING_FILES if os.path.isfile(os.path.join(root, f)) and (
+        regions(open(os.path.join(root, f)).read()) or regions(open(os.path.join(root, f)).read(), WITH_BEGIN, WITH_END))]
+    return [os.path.join(root, f) for f in kit + marked if os.path.isfile(os.path.join(root, f))]
+
+
+def closed_to_sandbox(n, folders):
+    """SystemExit naming what the uid sandbox's user could read, and what to do, where it could read the
+    instructor's files (secret_files) or, in a class, the students' submissions (another's answer); else None."""
+    from course_kit import grader as course_grader
+    students = [os.path.join(f, x) for f in folders for x in files_of(n)] + folders if len(folders) > 1 else []
+    try:
+        readable = course_grader.readable_by_others(secret_files() + students)
+    except course_grader.NoSandbox as e:
+        raise SystemExit(str(e)) from None
+    theirs = [p for p in readable if p not in students]
+    if theirs:
+        raise SystemExit(f"--sandbox uid: a submission's user of its own could read the instructor's files "
+                         f"({', '.join(os.path.relpath(p, HERE) for p in theirs[:4])}"
+                         f"{f' and {len(theirs) - 4} more' if len(theirs) > 4 else ''}, in {HERE}): close them to other "
+                         f"users (chmod -R o-rwx {HERE}, or grade from a copy in a folder only root can enter, as "
+                         "Gradescope's run_autograder does: chmod 700 on the folder), and grade again")
+    if readable:
+        raise SystemExit(f"--sandbox uid: a submission's user of its own could read the students' submissions "
+                         f"({', '.join(readable[:3])}{', ...' if len(readable) > 3 else ''}): close the class folder "
+                         "to other users (chmod o-rwx on it), and grade again")
+
+
+def one_upload(n, folder):
+    """Gradescope grades one submission per upload: the upload itself when it holds a file of assignment n, else
+    the one folder in it, however deep, that holds a copy of the project ([sub], what to say), or SystemExit
+    saying what to upload (results.json then says it). An upload with no project in it is graded as it is (its
+    feedback says what is missing)."""
+    from course_kit.grader import name_note, shown, shown_name, skeleton
     files = files_of(n)
-    holding = [sub for sub in subs if any(os.path.isfile(os.path.join(sub[1], f)) for f in files)]
-    if len(holding) == 1:
-        others = [sub[0] for sub in subs if sub is not holding[0]]
-        return [holding[0]], (f"graded the folder {holding[0][0]} of your upload"
-                              + (f" (not {', '.join(others)}: no file of assignment {n} in "
-                                 f"{'them' if len(others) > 1 else 'it'})" if others else ''))
-    raise SystemExit(f"the upload holds {len(holding) or 'no'} project folder{'s' if len(holding) != 1 else ''}"
-                     + (f" ({', '.join(sub[0] for sub in holding)})" if holding else '') +
-                     f": upload one copy of the project, or only its file{'s' if len(files) > 1 else ''} "
-                     f"{', '.join(files)}, and submit again")
+    name = os.path.basename(os.path.abspath(folder))
+    upload = (shown_name(name), folder, True, name_note(name), skeleton(name))
+    if any(os.path.lexists(os.path.join(folder, f)) for f in files):
+        return [upload], None
+    where, found, _ = locate(n, folder)
+    if where == folder and not found:
+        roots = project_roots(files_found(folder, files), files)
+        if len(roots) < 2:
+            return [upload], None
+        raise SystemExit(f"the upload holds {len(roots)} project folders ({', '.join(shown(r, 80) for r in roots[:5])}): "
+                         f"upload one copy of the project, or only its file{'s' if len(files) > 1 else ''} "
+                         f"{', '.join(files)}, and submit again")
+    top = found.split('/')[0]
+    try:
+        others = sorted(e.name for e in os.scandir(folder) if e.name != top and e.is_dir(follow_symlinks=False))
+    except OSError:
+        others = []
+    return [(upload[0], where, False, upload[3], upload[4])], (
+        f"graded the folder {shown(found, 200)} of your upload"
+        + (f" (not {', '.join(shown(o, 80) for o in others[:5])}: no file of assignment {n} in "
+           f"{'them' if len(others) > 1 else 'it'})" if others else ''))
 
 
-def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False, sandbox='bubblewrap'):
+def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False, sandbox='bubblewrap',
+          layout=None):
     """Grade a submission or a class (jobs submissions at a time, each in sandboxes of its own); print each
     student's feedback, and with out_dir write it, their results.json and the gradebook. With gradescope,
     Gradescope's results.json: a path that ends in .json is one file, for one submission (an upload that holds
@@ -515,7 +743,8 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     any other path a folder, <gradescope>/<student>/results.json. sandbox: 'bubblewrap', 'uid'
     (course_grader.SANDBOXES) or 'none' (trusted=True: trusted submissions). Returns [(name as shown, row)]; a
     row's status is graded, timed out, no answer or not graded. What cannot be written (a full disk) is said in
-    one line, NotWritten, after everything that could be written is: the gradebook first."""
+    one line, NotWritten, after everything that could be written is: the gradebook first. layout: 'submission' or
+    'class', said where the folder reads as both (submissions_in refuses it otherwise)."""
     from concurrent.futures import ThreadPoolExecutor
     import io
     from course_kit import grader as course_grader
@@ -531,19 +760,26 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
         problem = where and writable_folder(where, what)
         if problem:   # (before the class is graded: minutes of work that could not be kept)
             raise NotWritten(problem, [])
-    subs, skipped = submissions_in(n, folder)
-    upload = None
-    if one_file and len(subs) > 1:
-        subs, upload = one_upload(n, subs)
-        print(upload, flush=True)
+    upload, skipped = None, []
+    if one_file:
+        subs, upload = one_upload(n, folder)
+        if upload:
+            print(upload, flush=True)
+    else:
+        subs, skipped = submissions_in(n, folder, layout)
+    if sandbox == 'uid':   # (no namespace hides the file system: what that user could read must be closed to it)
+        closed_to_sandbox(n, [sub[1] for sub in subs])
     for why in skipped:
         print(f"skipped {why}", flush=True)
     for name, _, _, note, _ in subs:
         if note:
             print(f"note: the folder {name}: {note}", flush=True)
     concepts = course_grader.concepts(n)
+    # one file under two students' names (a hard link): neither graded, both flagged
+    same = same_files([(sub[0], locate(n, sub[1])[0]) for sub in subs], files_of(n))
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        graded = list(pool.map(lambda sub: grade_safely(n, sub[1], sub[0], limit, sandbox, sub[2]), subs))
+        graded = list(pool.map(lambda i: not_graded(n, subs[i][1], subs[i][0], same[i]) if i in same else
+                               grade_safely(n, subs[i][1], subs[i][0], limit, sandbox, subs[i][2]), range(len(subs))))
     if upload:
         for r in graded:
             r['head'].insert(1, f"  {upload}")
@@ -676,6 +912,9 @@ def main(argv):
                    help="where student code runs: bubblewrap (the default), or uid where bubblewrap cannot start (a "
                         "container without user namespaces, as root): a user of its own, the same limits, no namespaces "
                         "(COURSE.md says what it loses)")
+    p.add_argument('--layout', choices=('class', 'submission'),
+                   help="what FOLDER is, where it could be read as either: a class (a folder per student, the files "
+                        "beside them skipped) or one submission")
     p.add_argument('--trusted', action='store_true',
                    help="the submissions are trusted: run them without a sandbox (where bubblewrap is missing)")
     args = ap.parse_args(argv)
@@ -702,7 +941,8 @@ def main(argv):
         if not os.path.exists(os.path.join(HERE, 'course_kit', 'grader.py')):
             raise SystemExit("course_kit/grader.py is not here: grading needs the instructor's copy of the project")
         try:
-            rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox)
+            rows = grade(args.n, args.folder, args.out, args.timeout, args.gradescope, args.jobs, args.trusted, args.sandbox,
+                         args.layout)
         except NotWritten as e:   # (a full disk, a folder it may not write to: one line, an exit status of its own)
             print(f"course.py grade: {e}", file=sys.stderr, flush=True)
             return EXIT_NOT_WRITTEN

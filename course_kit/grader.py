@@ -25,6 +25,7 @@ What comes back from the sandbox (answers, messages) is data: each value is chec
 it is compared, and the student's text is shown inert (course.shown).
 """
 
+import errno
 import itertools
 import json
 import math
@@ -46,6 +47,7 @@ FIRST_UID = 2_000_000     # each sandbox runs as a user of its own (no account n
 MEMORY = 4 * 2 ** 30      # address space of a sandboxed process
 FILE_SIZE = 64 * 2 ** 20  # the largest file it may write (answers, its printed output, /tmp)
 PROCESSES = 64            # processes and threads of the sandbox's user
+MESSAGE = 1000            # characters of an error's message shown (whole, or cut at a word): a stub's is about 400
 STARTUP = 60.0            # wall-clock seconds a sandbox may take to start (Python, torch) and say it is ready
 
 
@@ -133,6 +135,15 @@ def spreadsheet_cell(value):
     return value
 
 
+def cut_at_word(text, limit):
+    """text whole when it has at most `limit` characters, else cut at the last space before it, with ' ...'."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return (cut.rsplit(' ', 1)[0] if ' ' in cut[limit // 2:] else cut) + ' ...'
+
+
 def student_said(text, limit=300):
     """Text that the student's code produced (an exception's message, a line of their file), labelled as theirs."""
     return f"[from the submission: {shown(text, limit)}]"
@@ -204,12 +215,15 @@ def same_tensors(*names, rtol=1e-9, atol=1e-12, dtype=None):
             if a is None:
                 return f"{name} is missing"
             if not isinstance(a, torch.Tensor) or a.is_complex() or not (a.is_floating_point() or a.dtype == b.dtype):
-                return f"{name} should be a tensor of {str(b.dtype).replace('torch.', '')}; got {a.dtype}"
+                return (f"{name} should be a tensor of {str(b.dtype).replace('torch.', '')}; got "
+                        f"{str(a.dtype).replace('torch.', '') if isinstance(a, torch.Tensor) else type(a).__name__}")
             if tuple(a.shape) != tuple(b.shape):
                 return f"{name} has shape {tuple(a.shape)}, not the shape asked for ({tuple(b.shape)})"
             if dtype is not None and a.dtype != dtype:
                 return f"{name} is {str(a.dtype).replace('torch.', '')}, not {str(dtype).replace('torch.', '')}"
             wrong = ~torch.isclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True)
+            if (wrong & torch.isnan(a)).any():   # (a NaN where a number is expected: said as NaN)
+                return nan_said(name, torch.where(wrong, a.double(), 0.0))
             if wrong.any():
                 return f"{name} differs from the expected values at {int(wrong.sum())} of {wrong.numel()} entries"
         return None
@@ -251,6 +265,19 @@ def all_of(*compares):
     return compare
 
 
+def nan_said(name, x, where=''):
+    """'<name> is NaN at k of N entries ...' where a tensor of floats holds NaN (its value is NaN, whatever the
+    dtype: no advice about precision), else None."""
+    import torch
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return None
+    bad = int(torch.isnan(x).sum())
+    if not bad:
+        return None
+    return (f"{name}{' ' + where if where else ''} is NaN at {bad} of {x.numel()} entries: its value is NaN, not a "
+            "number (a division by zero, a log or sqrt of a negative, an overflow in the softmax?)")
+
+
 def as_specified(got, ref):
     """The read under autocast (got: h, alpha) against the same code's read in float64 (h64, alpha64): float32,
     not rounded to bf16; and a read: alpha a distribution over the sources that the pseudo-queries move."""
@@ -260,6 +287,9 @@ def as_specified(got, ref):
         if not isinstance(t.get(name), torch.Tensor) or not t[name].is_floating_point():
             return f"{name} should be a tensor of floats; got {their_value(t.get(name))}"
     for name in ('h', 'alpha'):
+        nan = nan_said(name, t[name], 'under bf16 autocast') or nan_said(name, t[name + '64'], 'in float64')
+        if nan:
+            return nan
         if t[name].dtype != torch.float32:
             return f"under bf16 autocast {name} is {str(t[name].dtype).replace('torch.', '')}, not float32: turn autocast off for the read"
         if t[name].shape != t[name + '64'].shape or t[name].shape != ref[0][name].shape:
@@ -650,6 +680,24 @@ def check_sandbox(sandbox):
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
 
 
+def readable_by_others(paths):
+    """The paths among `paths` that a user who is neither their owner nor in their group (the uid sandbox's
+    user, with no groups) can read: open, for a file; list, for a folder. Asked of such a user itself (a
+    process that becomes FIRST_UID - 1), so that every folder above, ACLs and mounts count as they are."""
+    code = ('import json, os, sys\nos.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
+            'out = []\nfor p in json.loads(sys.stdin.read()):\n    try:\n'
+            '        os.listdir(p) if os.path.isdir(p) else os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))\n'
+            '        out.append(p)\n    except OSError:\n        pass\nprint(json.dumps(out))\n')
+    p = subprocess.run([sys.executable, '-I', '-S', '-c', code, str(FIRST_UID - 1)], input=json.dumps(list(paths)),
+                       env={}, cwd='/', capture_output=True, text=True)
+    try:
+        out = json.loads(p.stdout)
+    except ValueError:
+        raise NoSandbox(f"--sandbox uid: could not ask a user of its own what it can read "
+                        f"({last_line(p.stderr) or p.returncode})") from None
+    return [x for x in out if x in paths]
+
+
 def closed_to_others(path):
     """The first folder on the way to path (path itself where it is a folder) that a user who is neither its
     owner nor in its group cannot enter (no o+x), or None: the uid sandbox's user is such a user."""
@@ -667,21 +715,26 @@ def closed_to_others(path):
     return None
 
 
-def end_processes_of(uid):
+def end_processes_of(uid, tops=()):
     """Every process of user `uid` ended (the uid sandbox's tree, whatever it started), and the files it left
     in the machine's shared temporary folders removed. A process of that user sends the kill: kill(-1) reaches
-    every process it may signal, that is every process of the user, and never itself."""
+    every process it may signal, that is every process of the user, and never itself. Returns the bytes of disk
+    the removed files held (also those in the grader's TMPDIR, where its own TMPDIR and HOME lie)."""
     code = ('import os, signal, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
             'for _ in range(100):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except ProcessLookupError:\n'
             '        break\n')
     subprocess.run([sys.executable, '-I', '-S', '-c', code, str(uid)], env={}, check=True)
-    for top in ('/tmp', '/var/tmp', '/dev/shm'):
+    took = 0   # bytes of disk its files held (st_blocks: a sparse file holds what it wrote, not its size)
+    for top in dict.fromkeys(('/tmp', '/var/tmp', '/dev/shm', tempfile.gettempdir(), *tops)):
         for path, is_folder in reversed(tree_of(top)):   # (what is inside a folder before the folder)
             try:
-                if os.lstat(path).st_uid == uid:
+                st = os.lstat(path)
+                if st.st_uid == uid:
                     os.rmdir(path) if is_folder else os.remove(path)
+                    took += 0 if is_folder else st.st_blocks * 512
             except OSError:   # (a folder that still holds another user's files stays)
                 pass
+    return took
 
 
 def tree_of(top):
@@ -785,12 +838,96 @@ class Answers:
         return self.count
 
 
+class DiskFull(Exception):
+    """Grading itself could not write (the disk of its folder was full during a run): the row is "not graded: the
+    disk was full", flagged, never a 0 that blames the student's code."""
+
+
+FULL_BELOW = 2 ** 20   # bytes free on the grading folder's disk under which it counts as full
+FILLED = 16 * 2 ** 20  # bytes a run's own files held, past which a disk full while it ran is its own doing
+
+
+def disk_full(path):
+    """Whether the file system of `path` has less than FULL_BELOW bytes free (for this process: root's reserve not
+    counted), or cannot be asked."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize < FULL_BELOW
+
+
+def wait_for_room(cpu_seconds):
+    """Wait until the grading folder's disk has room again (a run that filled it ends within its start-up and
+    twice its CPU time per concept, and its files go with it), at most that long."""
+    until = time.time() + STARTUP + 2 * cpu_seconds
+    while disk_full(grading_folder()) and time.time() < until:
+        time.sleep(0.2)
+
+
+_grading_folder = None
+
+
+def grading_folder():
+    """This grader's own folder, made once per process in the temporary folder: the students' folders (each
+    with its tree, and under the uid sandbox its user's TMPDIR and HOME) and the runs' outputs. Mode 0711: the
+    sandbox's user passes through it to its own folder, but cannot list it; each folder in it has a random name
+    (mkdtemp) and mode 0700, the student's user's alone (run_worker) or the grader's. Removed when the grader
+    ends."""
+    global _grading_folder
+    with _uid_lock:
+        if _grading_folder is None or not os.path.isdir(_grading_folder):
+            import atexit
+            _grading_folder = tempfile.mkdtemp(prefix='rd-attnres-grading-')
+            os.chmod(_grading_folder, 0o711)
+            atexit.register(remove_tree, _grading_folder)
+        return _grading_folder
+
+
+def remove_tree(top):
+    """top and everything under it removed, however deep (tree_of: no recursion), links not followed."""
+    for path, is_folder in reversed(tree_of(top)):
+        try:
+            os.rmdir(path) if is_folder else os.remove(path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
+
+
+def captured(stream, keep):
+    """A thread that reads `stream` to its end and keeps only its last `keep` bytes (in .tail): what the code
+    prints is capped where it is captured, never first written to a disk."""
+    out = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(stream.fileno(), 65536)   # (what is there: the tail is current whenever it ends)
+            except (OSError, ValueError):
+                break
+            if not chunk:
+                break
+            out.extend(chunk)
+            del out[:-keep]
+        stream.close()
+    t = threading.Thread(target=drain, daemon=True)
+    t.tail = out
+    t.start()
+    return t
+
+
 def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     """Run the worker on `request` (bytes) for n_concepts concepts: (answers bytes, stderr text, what ended it
-    early (None, 'cpu', 'clock' or 'killed'), seconds). Each concept has cpu_seconds of CPU time (the worker's
-    own limit: a loop) and twice that in wall-clock time from the previous answer (this clock: code that
-    sleeps or waits); the worker's first frame says it is ready (Python and torch started, within STARTUP).
-    Once every concept has answered, whatever the code left running ends with the sandbox."""
+    early (None, 'cpu', 'clock', 'killed', 'disk': the grading folder's disk was full while it ran, or 'filled':
+    full, and the run's own files held FILLED bytes of it), seconds).
+    Each concept has cpu_seconds of CPU time (the worker's own limit: a loop) and twice that in wall-clock time
+    from the previous answer (this clock: code that sleeps or waits); the worker's first frame says it is ready
+    (Python and torch started, within STARTUP). Once every concept has answered, whatever the code left running
+    ends with the sandbox. `tree` lies in a student's folder of grading_folder(): under the uid sandbox that
+    folder becomes the sandbox user's alone (0700) for the run, with its TMPDIR and HOME in it."""
     uid = None
     if sandbox == 'bubblewrap':   # (bubblewrap itself starts with an empty environment: the code's /proc/1/environ is empty)
         env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts)
@@ -798,21 +935,31 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         env, cmd = worker_env(cpu_seconds * n_concepts), [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')]
         if sandbox == 'uid':   # the worker becomes a user of its own (COURSE_WORKER_USER) before it reads anything
             uid = int(env['COURSE_WORKER_USER'])
+            student = os.path.dirname(os.path.abspath(tree))
+            home = os.path.join(student, f'home-{uid}')
+            os.mkdir(home, 0o700)
+            os.chown(home, uid, uid)
+            os.chown(student, uid, uid)   # (0700: no other student's user can enter it, nor list grading_folder())
+            os.chmod(student, 0o700)
+            env.update(HOME=home, TMPDIR=home)
         else:                  # none: trusted code runs as we are
             env.pop('COURSE_WORKER_USER', None)
-    with tempfile.TemporaryDirectory() as work:   # outside the tree: the sandbox sees none of it
-        paths = [os.path.join(work, name) for name in ('request', 'answers', 'stderr')]
+    work = tempfile.mkdtemp(dir=grading_folder())   # the outputs: the grader's alone, outside the tree
+    try:
+        paths = [os.path.join(work, name) for name in ('request', 'answers')]
         with open(paths[0], 'wb') as f:
             f.write(request)
-        t0, ended, done = time.time(), None, 0
-        with open(paths[0], 'rb') as stdin, open(paths[1], 'wb') as stdout, open(paths[2], 'wb') as stderr:
-            proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, cwd=tree, env=env,
+        t0, ended, done, full, took = time.time(), None, 0, False, 0
+        with open(paths[0], 'rb') as stdin, open(paths[1], 'wb') as stdout:
+            proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, cwd=tree, env=env,
                                     start_new_session=True)
+            stderr = captured(proc.stderr, 20_000)
             deadline = t0 + STARTUP   # until the worker says it is ready (its first frame), then per concept
             answered = Answers(paths[1], n_concepts + 1)   # (only an answer moves the clock, never any frame)
             try:
                 while proc.poll() is None:
                     count = answered()
+                    full = full or disk_full(work)
                     if count > done:
                         done, deadline = count, time.time() + 2 * cpu_seconds
                     if done > n_concepts:   # (the ready frame and every concept's answers)
@@ -828,18 +975,43 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
                     pass
                 proc.wait()
                 if uid is not None:   # (no PID namespace: every process of its user, wherever it went)
-                    end_processes_of(uid)
+                    took = end_processes_of(uid)
+                stderr.join(10)       # (every writer ended: the pipe is at its end)
+        full = full or disk_full(work)
         # the CPU limit sends SIGXCPU (bubblewrap reports its child's death by a signal as 128 + the signal);
         # SIGKILL is the hard limit's, when SIGXCPU was ignored, or the kernel's when memory ran out
         if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             ended = 'cpu'
         elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered() <= n_concepts:
             ended = 'killed'
+        if full and answered() <= n_concepts and ended not in ('cpu', 'clock'):
+            # a disk it filled itself (the uid sandbox: its files held a good part of it) is its own doing; one
+            # that another filled is not: run again (run_with_room)
+            ended = 'filled' if took >= FILLED else 'disk'
         with open(paths[1], 'rb') as f:
             answers = f.read(FILE_SIZE)
-        with open(paths[2], 'rb') as f:
-            stderr_text = f.read(20_000).decode('utf-8', 'replace')
+        stderr_text = bytes(stderr.tail).decode('utf-8', 'replace')
+    finally:
+        remove_tree(work)
     return answers, stderr_text, ended, time.time() - t0
+
+
+def run_with_room(tree, request, n_concepts, cpu_seconds, sandbox):
+    """run_worker, once more when the grading folder's disk was full (another's files perhaps, not yet cleaned
+    up) and there is room again; DiskFull when it was full both times."""
+    for attempt in (0, 1):
+        try:
+            result = run_worker(tree, request, n_concepts, cpu_seconds, sandbox)
+        except OSError as e:   # (its request or outputs could not be written)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            result = None, None, 'disk', 0.0
+        if result[2] != 'disk':
+            return result
+        if not attempt:
+            wait_for_room(cpu_seconds)
+    raise DiskFull(f"the disk was full (the disk of {grading_folder()}, where grading writes its copy of the "
+                   "submission and the answers, had no room while the code ran): make room and grade it again")
 
 
 def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: where):
@@ -851,13 +1023,19 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
     out = []
     while len(out) < len(concepts):
         rest = concepts[len(out):]
-        output, stderr, ended, seconds = run_worker(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds, sandbox)
+        output, stderr, ended, seconds = run_with_room(tree, request_of(rest, cpu_seconds), len(rest), cpu_seconds,
+                                                       sandbox)
         answers = course_worker.read_answers(output, len(rest) + 1)[1:]   # (after the ready frame)
         share = seconds / (len(answers) + (len(answers) < len(rest)))
         firsts = [sum(len(c.probes) for c in rest[:j]) for j in range(len(rest))]   # in this request
         for c, got, first in zip(rest, answers, firsts):
             out.append((*judge(c, got, first, place), False, share))
         if len(answers) < len(rest):   # the next concept ended the run
+            if ended == 'filled':   # (not run again: it would fill the disk again, beside others)
+                out += [(False, ["the code filled the disk (it wrote more than "
+                                 f"{FILLED // 2 ** 20} MB in temporary files while the disk ran out of room): "
+                                 "its concepts are not run again"], False, share)] * (len(rest) - len(answers))
+                continue
             what = {'cpu': f"did not finish within {cpu_seconds:.0f} s of CPU time",
                     'clock': f"did not finish within {2 * cpu_seconds:.0f} s of wall-clock time (twice its "
                              f"{cpu_seconds:.0f} s of CPU time: code that sleeps or waits is stopped by the clock)",
@@ -890,7 +1068,7 @@ def judge(concept, got, first, place=lambda where: where):
         if not isinstance(result, dict) or result.get('ok') is not True:
             error = result.get('error', '?') if isinstance(result, dict) else '?'
             where = result.get('where') if isinstance(result, dict) else None
-            return False, [f"{description}: the code raised {student_said(error)}" +
+            return False, [f"{description}: the code raised {student_said(cut_at_word(error, MESSAGE), MESSAGE + 10)}" +
                            (f" ({place(where[:200])})" if isinstance(where, str) and where else '')]
         answer = ({k.partition('/')[2]: v for k, v in got_tensors.items() if k.partition('/')[0] == str(first + i)},
                 result.get('values') if isinstance(result.get('values'), dict) else {})

@@ -279,7 +279,7 @@ def main():
                 out_tensors.update({f'{i}/{k}': v for k, v in got.items()})
                 results.append(dict(ok=True, values=values))
             except BaseException as e:   # noqa: B902 (SystemExit, KeyboardInterrupt from the code under test too)
-                error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:160]}"
+                error = f"SyntaxError: {e.msg}" if isinstance(e, SyntaxError) else f"{type(e).__name__}: {str(e)[:2000]}"
                 results.append(dict(ok=False, error=error, where=where_in_student_code(e)[:160]))
         answers_out.write(frame(out_tensors, {'results': results}))
         answers_out.flush()

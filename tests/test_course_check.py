@@ -14,6 +14,8 @@ import course
 from course_kit import grader as course_grader
 from test_course import PLANTED, TRIVIAL, put_back, short
 
+pytestmark = pytest.mark.slow   # (each test runs `course.py check`: nested pytest)
+
 
 def reported(stdout, n):
     """The concepts of assignment n that a check's failures name (in pytest's error lines and summary)."""
