@@ -7,15 +7,15 @@ DDP on 8 GPUs of one node (docs/training.md for several nodes):
 The paired protocol (docs/training.md, "Paired seeds"): for one `seed`, every arm starts from the same
 values of the parameters it shares with the others and trains on the same windows at every step, on any
 number of processes and with any micro-batch size that divides the batch. Its pieces (a bare name is here):
-  - the initialisation: torch.manual_seed(seed) before the model is built (start_run), the same in every mode
+  - the initialisation: torch.manual_seed(seed) before the model is built (set_up_run), the same in every mode
   - window_order, step_windows: step s trains on windows [s*M, (s+1)*M) of the epochs' permutations in turn
     (count_windows, batch_arithmetic: n_windows, M); train gives each rank grad_accum * batch_size of them
   - get_windows (tensors); windows_hash, a step's fingerprint (data_hash), and windows_digest (data_digest)
   - the check: compare.pair_problem (the frozen keys, compare.FROZEN) and compare.data_problem (the digests)
 
-Reading order: step_windows, train_step, train. Around the loop, in run_kit/: run_dir.start_run, the one door
-to a run (out_dir claimed, checkpoint loaded, record begun); run_control (this process, the guards). Every
-collective of a training step is here: DDP's gradient all-reduce; at log steps Run.agree's and the loss's.
+Reading order: step_windows, train_step, train. Around the loop (run_kit/): run_dir.start_run, the one door to a
+run; run_control (this process, the guards). Every collective of a training step is here: DDP's gradient
+all-reduce; at log steps Run.agree_to_stop's and the loss's (a checkpoint adds run_control.ranks_agree's).
 """
 
 import functools
@@ -287,7 +287,7 @@ class Run:
     first_nonfinite: torch.Tensor   # (loss, norm) steps, then values: the first non-finite on this rank, -1 = never
     data_digest: str                # every step's windows so far (windows_digest)
 
-    def agree(self, step, stop_requested):
+    def agree_to_stop(self, step, stop_requested):
         """One all-reduce, where the loop reads the device anyway: stop (recorded) if any rank's loss or norm went
         non-finite; whether any rank got a stop signal (then all of them stop at this step)."""
         flags = torch.cat([self.first_nonfinite, self.first_nonfinite.new_tensor([int(stop_requested)])])
@@ -316,14 +316,14 @@ class Run:
         return val_loss
 
     def save(self, step, best):
-        self.agree(step, False)
+        self.agree_to_stop(step, False)
         run_control.ranks_agree(self.raw_model, step, self.proc)   # (under DDP, one all_gather: rank 0's parameters?)
         self.record.save(dict(model=self.raw_model.state_dict(), optimizer=self.optimizer.state_dict(),
                               scaler=self.scaler.state_dict(), step=step, best_val_loss=best, config=self.cfg,
                               rng=run_files.rng_states(), data_digest=self.data_digest))
 
 
-def start_run(cfg, proc):
+def set_up_run(cfg, proc):
     """Everything before the first step: the data and its arithmetic, the model built (the pairing's initialisation),
     run_dir.start_run, compiled, wrapped. Returns the run, where it starts (run_dir.Start) and the arithmetic."""
     ctx = nullcontext() if proc.dtype == torch.float32 else torch.autocast(device_type=proc.device_type, dtype=proc.dtype)
@@ -352,7 +352,7 @@ def start_run(cfg, proc):
 
 def train(cfg, proc):
     """Train (or evaluate) one run. Returns the process's exit code: 0, or EXIT_STOPPED after a signal."""
-    run, start, (train_data, n_windows, windows_per_step, grad_accum) = start_run(cfg, proc)
+    run, start, (train_data, n_windows, windows_per_step, grad_accum) = set_up_run(cfg, proc)
     step, best_val, resumed, B, T = start.step, start.best_val, start.resumed, cfg['batch_size'], cfg['block_size']
     if start.todo != 'train':   # eval_only, or a finished run (its final row, if a kill came before it)
         if start.todo == 'evaluate':
@@ -378,9 +378,9 @@ def train(cfg, proc):
 
             stopping = False
             if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
-                stopping = run.agree(step, bool(stop.received))   # (reads the device: dt below is real)
+                stopping = run.agree_to_stop(step, bool(stop.received))   # (reads the device: dt below is real)
                 if proc.ddp:
-                    torch.distributed.all_reduce(loss_mean)   # the step's loss: the mean of the ranks' means
+                    torch.distributed.all_reduce(loss_mean)   # the sum of the ranks' means (divided below)
                 t_now = time.time()
                 dt, norm_value = (t_now - t_last) / (step - t_last_step), norm.item()
                 mfu = (run.raw_model.estimate_mfu(cfg['total_batch_size'] // proc.world, dt, proc.peak_flops, T) if

@@ -5,7 +5,7 @@ record, in that order. The files it reads and writes there (run.lock, config.jso
 are run_files.py's formats (docs/run_safety.md).
 
 An evaluation's row is appended only after its checkpoint is on disk, so a log that holds the
-validation loss at max_iters means a finished run (run_files.is_finished). A resume rewinds the log to
+validation loss at max_iters means a finished run (is_finished). A resume rewinds the log to
 the checkpoint's step: what was logged after it is trained again, on the same windows (bit-identically
 on the CPU; on a GPU within what its kernels' nondeterminism allows, docs/gpus.md).
 """
@@ -38,7 +38,7 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
     """Start or resume the run of cfg in cfg['out_dir'], read top to bottom. model, optimizer and scaler are
     built by train.py (the seeded initialisation); digest_at(step) is the data digest of steps 0 .. step-1 from
     its data order; meta what the console and config.json say of the batch and data (grad_accum, train_tokens,
-    eval_windows). Every refusal is a message before anything in out_dir changes."""
+    eval_windows). Every refusal is a message before any of the run's files is changed or removed."""
     master, out_dir, ckpt_path = proc.master, cfg['out_dir'], os.path.join(cfg['out_dir'], CHECKPOINT)
 
     # 1. claim the out_dir: rank 0 looks, holds the lock if the run writes, and decides scratch or resume
@@ -48,8 +48,9 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
     if not cfg['eval_only'] or (has_ckpt and cfg['init_from'] != 'scratch'):   # eval_only of a checkpoint appends a row
         hold_out_dir(out_dir, proc)
     how, started, refusal = rank0_decides(lambda: how_to_start(cfg, has_ckpt), proc)
+    cfg['init_from'] = how   # (recorded as it was resolved: 'auto' is scratch or resume)
 
-    # 2. read the checkpoint: each rank its own copy where that is rank 0's, else rank 0's, sent to it
+    # 2. read the checkpoint: each rank its own copy where every rank's is rank 0's, else rank 0's, sent to all
     ckpt = None
     if how == 'resume':
         read = lambda: load_checkpoint(ckpt_path)
@@ -93,7 +94,8 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
     record, resumed = RunRecord(cfg, master), started if ckpt else {}
     todo = 'evaluate' if cfg['eval_only'] else 'train'
     if ckpt and not cfg['eval_only'] and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
-        killed = step == started['max_iters'] and not is_finished(out_dir)   # between the final save and its row
+        killed = step == started['max_iters'] and not rank0_decides(lambda: is_finished(out_dir), proc)   # (rank 0's
+        # disk decides for every rank) killed between the final save and its row
         todo = 'evaluate' if killed else 'finished'
         if killed:
             record.rewind(step)
@@ -160,7 +162,7 @@ def killed_before_first_checkpoint(out_dir, config):
     try:
         first = next(s for s in (min(config['eval_interval'], config['max_iters']), config['max_iters'])
                      if saves_checkpoint(s, config))
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ZeroDivisionError):   # (a config.json from elsewhere: eval_interval 0)
         return False
     # At the first checkpoint's step the training row (and a divergence's row) is logged before the save, the
     # evaluation's row only after it: without that row, the save failed (a full disk) or never came.
@@ -270,7 +272,7 @@ def how_to_start(cfg, has_ckpt):
 def checkpoint_copies(out_dir, proc):
     """Whether every rank's out_dir/ckpt.pt is rank 0's (the checksum stored in it; shared storage, or a copy
     on each node): then each rank reads its own, memory-mapped, so that the ranks of a node share one read of
-    the file. Otherwise the ranks that hold no copy or another one get rank 0's checkpoint from it (resume)."""
+    the file. Otherwise the ranks that hold no copy or another one get rank 0's checkpoint from it (start_run)."""
     if not proc.ddp:
         return True
     import socket
@@ -320,7 +322,7 @@ class RunRecord:
         import torch
         if not self.master:
             return
-        before = saved_config(self.cfg['out_dir']) if resumed else None   # (read before the log is rewound)
+        before = saved_config(self.cfg['out_dir']) if resumed else None   # the world sizes so far
         if resumed and os.path.exists(self.log_path):
             rewind_log(self.log_path, step)
         sizes = world_sizes(before, step, proc.world)

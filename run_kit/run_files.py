@@ -546,7 +546,8 @@ def load_checkpoint(path):
         missing.append('model')
     if missing:
         raise SystemExit(f"{path} is not a checkpoint of train.py: it lacks {', '.join(dict.fromkeys(missing))}. {left}")
-    ckpt['config']['lr_decay_iters'] = schedule_length(ckpt['config'])   # (as read_config: older ones kept 0)
+    if isinstance(ckpt['config'].get('max_iters'), int):   # (as read_config: older ones kept 0)
+        ckpt['config']['lr_decay_iters'] = schedule_length(ckpt['config'])
     return ckpt
 
 

@@ -34,6 +34,8 @@ def slow_command(args):
     program = os.path.basename(words[0])
     if program == 'torchrun' or 'torch.distributed.run' in words[1:3]:
         return 'torchrun'
+    if '-m' in words[1:3] and words.index('-m') + 1 < len(words):   # python -m train, ...
+        words = [words[0], words[words.index('-m') + 1] + '.py', *words[words.index('-m') + 2:]]
     script = next((os.path.basename(w) for w in words[1:] if not w.startswith('-')), '')
     if program.startswith('python') or words[0] == sys.executable:
         if script in SLOW_SCRIPTS and not {'-h', '--help'} & set(words):
@@ -55,10 +57,9 @@ def fast_tier_guard(request, monkeypatch):
                         "(the fast tier starts no such process; README, \"Tests\")", pytrace=False)
         real_init(self, args, *more, **kw)
     monkeypatch.setattr(subprocess.Popen, '__init__', guarded_init)
-    if 'torch' in sys.modules:
-        torch = sys.modules['torch']
+    import torch
 
-        def no_compile(*a, **kw):
-            pytest.fail(f"{request.node.nodeid} compiles but is not marked slow: add @pytest.mark.slow", pytrace=False)
-        monkeypatch.setattr(torch, 'compile', no_compile)
+    def no_compile(*a, **kw):
+        pytest.fail(f"{request.node.nodeid} compiles but is not marked slow: add @pytest.mark.slow", pytrace=False)
+    monkeypatch.setattr(torch, 'compile', no_compile)
     yield
