@@ -333,6 +333,7 @@ def train_child(stats_path, backend, argv):
     from torch._dynamo import lookup_backend
     from torch._dynamo.utils import counters
     import train
+    from run_kit import run_control   # (train.py wraps the model in DDP through run_control.wrap_ddp)
     calls = [0]
 
     def counting(gm, example_inputs):   # under DDP, once per bucket of the split graph
@@ -341,14 +342,14 @@ def train_child(stats_path, backend, argv):
     torch.compile = functools.partial(torch.compile, backend=counting)
     torch._dynamo.config.fail_on_recompile_limit_hit = True   # a recompile past the limit would run eager: an error
     wrapped = {}
-    wrap_ddp = train.wrap_ddp
+    wrap_ddp = run_control.wrap_ddp
 
     def wrap(model, proc):
         m = wrap_ddp(model, proc)
         wrapped.update(wrapper=type(m).__name__, world=proc.world, pg_backend=(
             torch.distributed.get_backend() if torch.distributed.is_initialized() else None))
         return m
-    train.wrap_ddp = wrap
+    run_control.wrap_ddp = wrap
     code, reads = 1, None
     try:
         code = train.main(argv)

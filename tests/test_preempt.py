@@ -139,9 +139,9 @@ def test_signals_checkpoint_at_the_next_log_step_and_resume_is_exact(data_dir, t
     out, full = str(tmp_path / 'preempted'), str(tmp_path / 'full')
     first, code, stdout = preempt(out, 5, lambda p: p.send_signal(signal.SIGTERM), data_dir=data_dir)
     # at most log_interval steps are lost, not everything since the last evaluation (step 0)
-    assert code == train.EXIT_STOPPED and 'stopped by SIGTERM' in stdout and first < 20
+    assert code == run_files.EXIT_STOPPED and 'stopped by SIGTERM' in stdout and first < 20
     second, code, stdout = preempt(out, first + 5, lambda p: p.send_signal(signal.SIGUSR1), data_dir=data_dir)
-    assert code == train.EXIT_STOPPED and 'stopped by SIGUSR1' in stdout and 'resumed at step' in stdout
+    assert code == run_files.EXIT_STOPPED and 'stopped by SIGUSR1' in stdout and 'resumed at step' in stdout
     run(PREEMPT, data_dir, out)                  # the same command once more: it carries on to the end
     run(PREEMPT, data_dir, full)
     assert_same_run(out, full)
