@@ -118,3 +118,14 @@ def test_quickstart_uses_the_best_device(monkeypatch):
     import train
     cfg = configure(train.DEFAULTS, [os.path.join(HERE, 'config', 'quickstart.py')])
     assert cfg['device'] == 'auto'
+
+
+def test_a_step_line_says_that_steps_numbers_and_the_time_left_at_the_recent_pace(capsys):
+    from run_kit import console
+    row = dict(step=40, train_loss=5.08171, lr=0.00198, norm=0.684, dt=9.638, tok_per_s=212.4, mfu=None)
+    console.print_step(row, 300)                        # 260 steps left at 9.638 s a step: 2,506 s
+    assert capsys.readouterr().out == ("step    40 | loss 5.0817 | lr 1.98e-03 | norm 0.684 | dt 9638ms | tok/s 212 | "
+                                       "eta 41m45s (recent pace)\n")
+    console.print_step(dict(row, step=100, norm=None, mfu=0.4123, skipped_steps=2, dt=20.0), 300)   # 4,000 s left
+    assert capsys.readouterr().out == ("step   100 | loss 5.0817 | lr 1.98e-03 | norm nan | dt 20000ms | tok/s 212 | "
+                                       "mfu 41.2% | skipped 2 | eta 1h06m (recent pace)\n")
