@@ -176,9 +176,14 @@ def test_errors_under_torchrun_are_said_once_and_propose_a_batch_size(data_dir, 
     assert p.returncode != 0
     assert p.stderr.count('must be divisible by batch_size') == 1, p.stderr[-3000:]
     assert 'batch_size=2 works' in p.stderr
+
+
+def test_the_batch_arithmetic_splits_a_step_or_names_a_batch_size_that_does():
     assert train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=2 ** 19), 8, True) == (4, 512)
     with pytest.raises(SystemExit, match='batch_size=12 works'):   # 24 windows per process: 16 does not divide them
         train.batch_arithmetic(dict(block_size=1024, batch_size=16, total_batch_size=1024 * 6 * 24), 6, True)
+    with pytest.raises(SystemExit, match='not a multiple of block_size'):   # no batch_size can split 1.5 windows
+        train.batch_arithmetic(dict(block_size=1024, batch_size=1, total_batch_size=1024 * 3), 2, True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,3 +165,21 @@ def test_token_ids_must_fit_uint16(monkeypatch):
     monkeypatch.setattr(prepare, '_enc', HugeVocabulary())
     with pytest.raises(ValueError, match='does not fit in uint16'):
         prepare.tokenize_document('anything', 0.1)
+
+
+def test_a_token_id_past_gpt2s_vocabulary_is_found_whatever_its_data_id(tmp_path):
+    # a flipped high byte can make an id the embedding does not have; the data_id is made to match, so only
+    # the vocabulary check can see it
+    import numpy as np
+    paths = [str(tmp_path / 'train.bin'), str(tmp_path / 'val.bin')]
+    for path, top in zip(paths, (50256, prepare.VOCAB_SIZE)):
+        header = np.zeros(prepare.HEADER_INTS, dtype='<i8')
+        header[:3] = prepare.MAGIC, prepare.VERSION, 3
+        with open(path, 'wb') as f:
+            f.write(header.tobytes() + np.array([1, 2, top], dtype='<u2').tobytes())
+    data_id = prepare.build_id(*(prepare.token_digest(p)[0] for p in paths))
+    assert 'holds token id 50257, outside the GPT-2 vocabulary of 50257' in prepare.verify_tokens(paths, data_id)
+    with open(paths[1], 'r+b') as f:   # the same file with the largest id GPT-2 has
+        f.seek(prepare.HEADER_BYTES + 4)
+        f.write(np.array([50256], dtype='<u2').tobytes())
+    assert prepare.verify_tokens(paths, prepare.build_id(*(prepare.token_digest(p)[0] for p in paths))) is None
