@@ -36,10 +36,10 @@ from model import GPT
 from prepare import read_dataset
 from run_kit.common import build_model
 # machinery a reader may skip: how a run starts and what it records (run_dir: the one door), the guards around
-# the loop (run_control: signals, Ctrl-C, divergence, processes), the run's files, the console, the devices
+# the loop (run_control: signals, Ctrl-C, divergence, processes, devices), the run's files, the console, the checks
 from fast_read.two_phase_read import compile_model
 from run_kit import console, run_control, run_dir, run_files
-from run_kit.common import fail
+from run_kit.common import fail, validate
 from run_kit.routing import record_routing
 
 # -----------------------------------------------------------------------------
@@ -194,8 +194,8 @@ def get_lr(it, cfg):
 
 def main(argv):
     cfg = configure(DEFAULTS, argv)
-    device = run_control.validate(cfg)          # every key and the device, before anything is written
-    proc = run_control.start_processes(cfg, device)
+    validate(cfg)                               # every key, before anything is written
+    proc = run_control.start_processes(cfg)     # this process: its device, precision, threads, process group
     try:
         with run_control.ctrl_c(cfg['out_dir']):   # a message, not a traceback, however many times it is pressed
             code = train(cfg, proc)
@@ -371,7 +371,6 @@ def train(cfg, proc):
             windows = step_windows(step, n_windows, windows_per_step, cfg['seed'])
             run.data_digest = windows_digest(run.data_digest, windows)   # chained with every step's before
             rank_windows = windows[proc.rank * grad_accum * B:(proc.rank + 1) * grad_accum * B]
-            skips.before()
             loss_mean, norm = train_step(step, run, train_data, rank_windows)
             skips.after(step, run.record.ckpt_path, proc.master)
             step += 1

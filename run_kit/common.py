@@ -2,7 +2,7 @@
 What the scripts share (nanochat keeps the same kind of helpers in its common.py):
 
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, GROUP_KEYS (a comparison),
-    model_problems; the model they describe: gpt_config, build_model
+    model_problems; the model they describe: gpt_config, build_model; train.py's configuration checked: validate
   - fail: how a run stops with a message (under torchrun, said by rank 0 alone); run_command: how a command
     ends a failed write or a Ctrl-C, in one line with an exit status of its own
 
@@ -11,6 +11,9 @@ train.py, sample.py, bench.py, compare.py, study.py, prepare.py and run_files.py
 of them imports train.py but study.py's time estimate. torch is imported inside the functions that need
 it, because prepare.py's worker processes import this module too and have no use for it.
 """
+
+import os
+import sys
 
 H100_PEAK_FLOPS = 989e12   # H100 SXM (and H200, H800: the same tensor cores); the paper's budget assumes it
 # the model's shape: a checkpoint can only be loaded into a model built from these
@@ -55,7 +58,7 @@ def build_model(cfg):
 
 
 def model_problems(cfg):
-    """What is wrong with the model keys of a configuration ([] if nothing): train.py's own (run_control.validate)
+    """What is wrong with the model keys of a configuration ([] if nothing): train.py's own (validate)
     and a saved model's, a checkpoint's or a weights file's header, checked alike."""
     bad = [f"{k} is missing" for k in MODEL_KEYS if k not in cfg]
     bad += [f"{k}={cfg[k]!r} is not {'a string' if k == 'residual' else 'an integer'}" for k in MODEL_KEYS
@@ -70,6 +73,37 @@ def model_problems(cfg):
         except ValueError as e:
             bad.append(str(e))
     return bad
+
+
+# train.py's other keys (the model's are model_problems', as a saved model's are)
+POSITIVE = ('ddp_timeout', 'eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size')
+NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
+                'grad_clip', 'peak_flops')
+
+
+def validate(cfg):
+    """Check every key of train.py's configuration that can be checked without data or a device, and fill in
+    out_dir's {keys}, so that a bad value is a message before anything is written (a rerun with the value fixed
+    then starts cleanly). The rest is checked where it is used: the device and dtype by
+    run_control.start_processes, the batch arithmetic and the data by train.py, the out_dir by run_dir.start_run."""
+    try:
+        cfg['out_dir'] = cfg['out_dir'].format(**cfg)
+    except (KeyError, IndexError, ValueError) as e:
+        raise SystemExit(f"out_dir={cfg['out_dir']!r}: {{{e.args[0] if isinstance(e, KeyError) else e}}} is not a "
+                         "config key; out_dir may name keys in braces, e.g. 'out/{residual}_s{seed}'") from None
+    bad = [f"{k}={cfg[k]!r} must be > 0" for k in POSITIVE if cfg[k] <= 0]
+    bad += [f"{k}={cfg[k]!r} must be >= 0" for k in NON_NEGATIVE if cfg[k] < 0]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1]" for k in ('min_lr_ratio',) if not 0 <= cfg[k] <= 1]
+    bad += [f"{k}={cfg[k]!r} must be in [0, 1)" for k in ('beta1', 'beta2') if not 0 <= cfg[k] < 1]
+    bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
+    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
+        bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
+    bad += model_problems(cfg)
+    if bad:
+        raise SystemExit("bad configuration: " + '; '.join(bad))
+    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only'] and os.environ.get('RANK', '0') == '0':
+        print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
+              "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """
-This process and the checks around train.py's loop (docs/run_safety.md): the configuration checked before
-anything is written, the device and precision (also bench.py's and sample.py's), the process group, the
-stop signals of a preempting scheduler, Ctrl-C, and the divergence guards.
+This process and the checks around train.py's loop (docs/run_safety.md): the device and precision (also
+bench.py's and sample.py's), the process group, the stop signals of a preempting scheduler, Ctrl-C, and the
+divergence guards.
 None of it reads the device on a training step: the guards keep their flags on the device and the
 ranks agree on them at log steps, where the loop reads the device anyway.
 """
@@ -10,13 +10,12 @@ import gc
 import inspect
 import os
 import signal
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from run_kit.common import H100_PEAK_FLOPS, fail, model_problems
+from run_kit.common import H100_PEAK_FLOPS, fail
 from run_kit.run_files import CHECKPOINT, kept_checkpoint, record_divergence
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
@@ -26,40 +25,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # float16: a step whose scaled gradients overflow is skipped by the GradScaler, which then halves the
 # scale. That is normal now and then; this many skipped steps in a row means the run has diverged.
 MAX_SKIPPED_STEPS = 20
-
-# (the model's keys are checked by common.model_problems, as a saved model's are)
-POSITIVE = ('ddp_timeout', 'eval_interval', 'log_interval', 'eval_batch_size', 'total_batch_size', 'batch_size')
-NON_NEGATIVE = ('max_iters', 'lr_decay_iters', 'warmup_iters', 'eval_tokens', 'learning_rate', 'weight_decay',
-                'grad_clip', 'peak_flops')
-
-
-def validate(cfg):
-    """Check every key that can be checked without data, and the device, and fill in out_dir's {keys}, so
-    that a bad value is a message before anything is written (a rerun with the value fixed then starts
-    cleanly). train.py checks the rest: the batch arithmetic, the data, the out_dir. Returns the device
-    this machine runs (cfg['device'] resolved: 'auto' is the best there is)."""
-    try:
-        cfg['out_dir'] = cfg['out_dir'].format(**cfg)
-    except (KeyError, IndexError, ValueError) as e:
-        raise SystemExit(f"out_dir={cfg['out_dir']!r}: {{{e.args[0] if isinstance(e, KeyError) else e}}} is not a "
-                         "config key; out_dir may name keys in braces, e.g. 'out/{residual}_s{seed}'") from None
-    bad = [f"{k}={cfg[k]!r} must be > 0" for k in POSITIVE if cfg[k] <= 0]
-    bad += [f"{k}={cfg[k]!r} must be >= 0" for k in NON_NEGATIVE if cfg[k] < 0]
-    bad += [f"{k}={cfg[k]!r} must be in [0, 1]" for k in ('min_lr_ratio',) if not 0 <= cfg[k] <= 1]
-    bad += [f"{k}={cfg[k]!r} must be in [0, 1)" for k in ('beta1', 'beta2') if not 0 <= cfg[k] < 1]
-    bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
-    if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
-        bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
-    bad += model_problems(cfg)
-    if bad:
-        raise SystemExit("bad configuration: " + '; '.join(bad))
-    device = check_device(cfg['device'])
-    check_dtype(cfg['dtype'])
-    if cfg['warmup_iters'] >= max(cfg['max_iters'], 1) and not cfg['eval_only'] and os.environ.get('RANK', '0') == '0':
-        print(f"note: warmup_iters={cfg['warmup_iters']} >= max_iters={cfg['max_iters']}: the whole run is warmup "
-              "(the learning rate never reaches its peak, nor decays)", file=sys.stderr)
-    return device
-
 
 def uneven_batch(total, B, T, world):
     """Why total_batch_size does not split into world x batch_size x block_size, and a batch_size that does."""
@@ -218,16 +183,16 @@ class SkippedSteps:
     down) and stops the run after MAX_SKIPPED_STEPS in a row. The scaler's own check has already read the
     device, so comparing the scales costs no extra wait."""
 
-    def __init__(self, scaler):
+    def __init__(self, scaler):   # (after the checkpoint's scaler is loaded: the scale the first step starts at)
         self.scaler, self.in_a_row, self.since_log = scaler, 0, 0
-
-    def before(self):
-        self.scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.scale = scaler.get_scale() if scaler.is_enabled() else None
 
     def after(self, step, ckpt_path, master):
+        """After each step: a skipped step lowered the scale (only the step's scaler.update changes it)."""
         if not self.scaler.is_enabled():
             return
-        skipped = self.scaler.get_scale() < self.scale
+        scale = self.scaler.get_scale()
+        skipped, self.scale = scale < self.scale, scale
         self.in_a_row = self.in_a_row + 1 if skipped else 0
         self.since_log += skipped
         if self.in_a_row >= MAX_SKIPPED_STEPS:
@@ -292,7 +257,7 @@ def resolve_dtype(dtype, device_type):
 
 
 def check_dtype(dtype):
-    """Refuse a dtype this project does not train in (before anything is written: run_control.validate)."""
+    """Refuse a dtype this project does not train in (before anything is written: start_processes)."""
     if dtype not in ('auto', *DTYPES):
         raise SystemExit(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
 
@@ -357,9 +322,12 @@ class ThisProcess:
         self.dtype, self.peak_flops = None, 0.0   # what it computes in (start_processes), its peak FLOP/s (0: unknown)
 
 
-def start_processes(cfg, device):
-    """This process, on `device` (validate's): alone, or one rank of torchrun's, in its process group; its
-    precision (cfg['dtype_resolved']), its peak FLOP/s for MFU, and on a CPU its threads and allocator."""
+def start_processes(cfg):
+    """This process: alone, or one rank of torchrun's, in its process group; its device (cfg['device'], refused
+    before anything starts where this machine has none such; 'auto' is the best there is), its precision
+    (cfg['dtype_resolved']), its peak FLOP/s for MFU, and on a CPU its threads and allocator."""
+    device = check_device(cfg['device'])
+    check_dtype(cfg['dtype'])
     ddp = int(os.environ.get('RANK', -1)) != -1  # torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
     rank, local_rank, world = ((int(os.environ['RANK']), int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))
                                if ddp else (0, 0, 1))

@@ -19,8 +19,8 @@ from run_kit.common import FROZEN_ON_RESUME, fail, group_name
 from run_kit.console import print_run_summary
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RUN_FILES, TORN, RunFileError, append_log, check_tensors,
                                checkpoint_progress, load_checkpoint, lock_out_dir, logged_evals, read_config, read_log,
-                               renamed_keys, rewind_log, save_checkpoint, schedule_length, set_rng_states, stored_digest,
-                               write_config, write_failed)
+                               remove_run_files, renamed_keys, rewind_log, save_checkpoint, saved_config, schedule_length,
+                               set_rng_states, stored_digest, world_sizes, write_config, write_failed)
 
 
 @dataclass
@@ -40,6 +40,7 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
     its data order; meta what the console and config.json say of the batch and data (grad_accum, train_tokens,
     eval_windows). Every refusal is a message before any of the run's files is changed or removed."""
     master, out_dir, ckpt_path = proc.master, cfg['out_dir'], os.path.join(cfg['out_dir'], CHECKPOINT)
+    record, commit = RunRecord(cfg, master), git_commit() if master else None   # (what the record will say)
 
     # 1. claim the out_dir: rank 0 looks, holds the lock if the run writes, and decides scratch or resume
     has_ckpt = rank0_decides(lambda: os.path.exists(ckpt_path), proc)
@@ -91,18 +92,26 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
         digest = digest_at(step)
 
     # 5. what is left to do
-    record, resumed = RunRecord(cfg, master), started if ckpt else {}
-    todo = 'evaluate' if cfg['eval_only'] else 'train'
+    resumed, todo, killed = (started if ckpt else {}), ('evaluate' if cfg['eval_only'] else 'train'), False
     if ckpt and not cfg['eval_only'] and step >= cfg['max_iters']:   # nothing to train: the record stays as it is
         killed = step == started['max_iters'] and not rank0_decides(lambda: is_finished(out_dir), proc)   # (rank 0's
         # disk decides for every rank) killed between the final save and its row
         todo = 'evaluate' if killed else 'finished'
-        if killed:
-            record.rewind(step)
 
-    # 6. begin the record of a run that trains: the log rewound to the checkpoint, wandb, config.json; then say it
-    if todo == 'train':
-        record.start(step, resumed, proc, dict(meta, n_params=model.get_num_params()))
+    # 6. begin the record (rank 0): the log rewound to the checkpoint (what was logged after it is trained, or
+    # evaluated, again; its rows are read, a bad line is a message, and written back whole, a torn last line set
+    # aside); for a run that trains, wandb and config.json with the world sizes so far; then say it
+    if master and resumed and (todo == 'train' or killed) and os.path.exists(record.log_path):
+        rewind_log(record.log_path, step)
+    if master and todo == 'train':
+        import torch
+        sizes = world_sizes(saved_config(out_dir) if resumed else None, step, proc.world)
+        if cfg['wandb_log']:   # before config.json: the tracked run's id goes into it, so that a resume finds it
+            record.tracker = start_wandb(cfg, resumed)
+        write_config(out_dir, dict(
+            cfg, git_commit=commit, torch_version=torch.__version__, world_size=proc.world, world_sizes=sizes,
+            **meta, n_params=model.get_num_params(),
+            device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device))
     if master:
         print_run_summary(cfg, model, meta['grad_accum'], proc, cfg['dtype_resolved'], meta['train_tokens'],
                           meta['eval_windows'], step, proc.peak_flops)
@@ -119,13 +128,6 @@ def existing_run(out_dir):
     """What a run left in out_dir, with sizes (empty if nothing)."""
     return [f"{name} ({os.path.getsize(os.path.join(out_dir, name)):,} bytes)" for name in (*RUN_FILES, TORN)
             if os.path.exists(os.path.join(out_dir, name))]
-
-
-def remove_run_files(out_dir, suffix=''):
-    """Remove the run's files (suffix '.tmp': what a run killed mid-write left). Only under the lock."""
-    for name in (*RUN_FILES, TORN):
-        if os.path.exists(os.path.join(out_dir, name + suffix)):
-            os.remove(os.path.join(out_dir, name + suffix))
 
 
 def is_finished(out_dir):
@@ -171,14 +173,6 @@ def killed_before_first_checkpoint(out_dir, config):
 
 # -----------------------------------------------------------------------------
 # The steps of start_run
-
-def saved_config(out_dir):
-    """out_dir/config.json, or None if there is none that train.py wrote."""
-    try:
-        return read_config(out_dir)
-    except RunFileError:
-        return None
-
 
 def describe_diff(diff, then, now):
     return ', '.join(f"{k}: {then} {a!r} vs {now} {b!r}" for k, (a, b) in diff.items())
@@ -288,19 +282,6 @@ def checkpoint_copies(out_dir, proc):
     return not others
 
 
-def world_sizes(before, step, world):
-    """The numbers of processes a run has trained on, [{step, world_size}, ...] from the step each began: the
-    resumed run's list (config.json of a run written before there was one: its world_size, from step 0), with
-    this one added if it differs. A checkpoint of 2 processes resumed on 1 trains the same batches (the data
-    order does not depend on it), but its timings and its numerics (the order of reductions) do."""
-    sizes = list((before or {}).get('world_sizes') or
-                 ([dict(step=0, world_size=before['world_size'])] if isinstance((before or {}).get('world_size'), int)
-                  else []))
-    if not sizes or sizes[-1].get('world_size') != world:
-        sizes.append(dict(step=step, world_size=world))
-    return sizes
-
-
 def git_commit():
     try:
         return subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=5,
@@ -310,34 +291,13 @@ def git_commit():
 
 
 class RunRecord:
-    """What rank 0 writes about a run, through run_files: config.json, log.jsonl (and Weights & Biases), the
-    checkpoint. Other ranks get one that writes nothing."""
+    """What rank 0 writes as a run goes, through run_files: log.jsonl's rows (and Weights & Biases'), the
+    checkpoints (start_run begins the record: the log rewound, config.json). Other ranks get one that writes
+    nothing."""
 
     def __init__(self, cfg, master):
         self.cfg, self.master, self.tracker = cfg, master, None
         self.log_path, self.ckpt_path = (os.path.join(cfg['out_dir'], n) for n in (LOG, CHECKPOINT))
-
-    def start(self, step, resumed, proc, meta):
-        """A run that trains: the log rewound to the checkpoint, the tracker started, config.json written."""
-        import torch
-        if not self.master:
-            return
-        before = saved_config(self.cfg['out_dir']) if resumed else None   # the world sizes so far
-        if resumed and os.path.exists(self.log_path):
-            rewind_log(self.log_path, step)
-        sizes = world_sizes(before, step, proc.world)
-        if self.cfg['wandb_log']:   # before config.json: the tracked run's id goes into it, so that a resume finds it
-            self.tracker = start_wandb(self.cfg, resumed)
-        write_config(self.cfg['out_dir'], dict(
-            self.cfg, git_commit=git_commit(), torch_version=torch.__version__, world_size=proc.world,
-            world_sizes=sizes, **meta,
-            device_name=torch.cuda.get_device_name(proc.device) if proc.device_type == 'cuda' else proc.device))
-
-    def rewind(self, step):
-        """The log up to the checkpoint's step: what was logged after it is trained again. Its rows are read
-        (a bad line is a message) and written back whole (a torn last line set aside)."""
-        if self.master and os.path.exists(self.log_path):
-            rewind_log(self.log_path, step)
 
     def log(self, row):
         """Append a row to log.jsonl (and send it to the tracker)."""

@@ -2,8 +2,10 @@
 The files of a run, each with one reader and one writer here; every other module asks this one
 (docs/run_safety.md):
 
-    out_dir/run.lock        held (flock) by the one process that writes here: lock_out_dir
-    out_dir/config.json     the run's whole configuration: write_config / read_config
+    out_dir/run.lock        held (flock) by the one process that writes here: lock_out_dir; under it,
+                            remove_run_files (a scratch run's, or what a kill mid-write left)
+    out_dir/config.json     the run's whole configuration: write_config / read_config, saved_config;
+                            world_sizes (its record of the numbers of processes)
     out_dir/log.jsonl       one JSON row per log step and per evaluation: append_log, rewind_log / read_log
     out_dir/log.jsonl.torn  the torn last lines that the log's writer set aside before appending
     out_dir/ckpt.pt         model, optimizer, scaler, RNG states, step, with a checksum: save_checkpoint /
@@ -197,6 +199,12 @@ def lock_out_dir(out_dir):
     return holder
 
 
+def remove_run_files(out_dir, suffix=''):
+    """Remove the run's files (suffix '.tmp': what a run killed mid-write left). Only under the lock."""
+    for name in (*RUN_FILES, TORN):
+        if os.path.exists(os.path.join(out_dir, name + suffix)):
+            os.remove(os.path.join(out_dir, name + suffix))
+
 # -----------------------------------------------------------------------------
 # config.json
 
@@ -205,7 +213,6 @@ def schedule_length(cfg):
     that says so: a run's start fixes it (run_dir.start_run), and the readers here of configurations written
     before it was fixed (they kept the 0) resolve it the same way."""
     return cfg.get('lr_decay_iters') or cfg['max_iters']
-
 
 
 def write_config(out_dir, config):
@@ -233,6 +240,27 @@ def read_config(out_dir):
         raise RunFileError(f"{CONFIG} lacks {', '.join(bad)} (or has the wrong type): not written by train.py")
     config['lr_decay_iters'] = schedule_length(config)
     return config
+
+
+def saved_config(out_dir):
+    """out_dir/config.json, or None if there is none that train.py wrote."""
+    try:
+        return read_config(out_dir)
+    except RunFileError:
+        return None
+
+
+def world_sizes(before, step, world):
+    """The numbers of processes a run has trained on, [{step, world_size}, ...] from the step each began: the
+    resumed run's list (config.json of a run written before there was one: its world_size, from step 0), with
+    this one added if it differs. A checkpoint of 2 processes resumed on 1 trains the same batches (the data
+    order does not depend on it), but its timings and its numerics (the order of reductions) do."""
+    sizes = list((before or {}).get('world_sizes') or
+                 ([dict(step=0, world_size=before['world_size'])] if isinstance((before or {}).get('world_size'), int)
+                  else []))
+    if not sizes or sizes[-1].get('world_size') != world:
+        sizes.append(dict(step=step, world_size=world))
+    return sizes
 
 
 # -----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import compare
 import intervene
 import sample
 import train
-from helpers import HERE, TINY, main_here, run_here, sample_here
+from helpers import HERE, TINY, main_here, run_here, sample_here, train_here
 
 CONFIGURED = {'train.py': train.DEFAULTS, 'sample.py': sample.DEFAULTS, 'bench.py': bench.DEFAULTS,
               'intervene.py': intervene.DEFAULTS}
@@ -322,3 +322,41 @@ def test_train_py_imports_few_project_names_the_lesson_before_the_machinery():
     lesson, machinery = source.index('# what the lesson is made of'), source.index('# machinery a reader may skip')
     first_machinery = min(source.index(m) for m in ('from run_kit import', 'from fast_read'))
     assert lesson < source.index('from model import') < machinery < first_machinery
+
+
+def run_kit_files_crossed(data_dir, out_dir, *args):
+    """train.main from its start to the first training step, traced: the run_kit/ files its calls go into, in
+    order, one entry per stay (the step-0 evaluation's routing diagnostics aside: routing.py measures the model)."""
+    class FirstStep(Exception):
+        pass
+    stays = []
+
+    def trace(frame, event, arg):
+        if event != 'call':
+            return
+        path, name = frame.f_code.co_filename, frame.f_code.co_name
+        if f'{os.sep}run_kit{os.sep}' in path and not name.startswith('<') and not path.endswith('routing.py'):
+            if not stays or stays[-1] != os.path.basename(path):
+                stays.append(os.path.basename(path))
+        if path == train.__file__ and name == 'train_step':
+            raise FirstStep
+    sys.setprofile(trace)
+    try:
+        train_here(data_dir, out_dir, *args)
+    except FirstStep:
+        pass
+    finally:
+        sys.setprofile(None)
+    return stays
+
+
+def test_a_run_starts_through_one_door_not_a_walk_between_files(data_dir, tmp_path):
+    # starting a run (from scratch, and resumed) reads top to bottom: the configuration checked, this process set up,
+    # the model built, then run_dir.start_run, which asks run_files for the formats it reads and writes. Its calls
+    # cross from one run_kit file to another at most 10 times; each file is entered at most 3 times.
+    out = str(tmp_path / 'run')
+    scratch = run_kit_files_crossed(data_dir, out, '--lr_decay_iters=8')
+    assert train_here(data_dir, out, '--lr_decay_iters=8', '--init_from=auto') == 0   # (4 steps, checkpoints at 2 and 4)
+    resumed = run_kit_files_crossed(data_dir, out, '--lr_decay_iters=8', '--max_iters=8', '--init_from=resume')
+    for stays in (scratch, resumed):
+        assert len(stays) - 1 <= 10 and max(map(stays.count, stays)) <= 3, stays
