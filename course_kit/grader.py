@@ -13,11 +13,13 @@ The sandbox is bubblewrap (Debian: apt-get install bubblewrap), chosen because i
 unprivileged-capable, single-binary mechanism that needs no daemon: new mount, PID, network, IPC and UTS
 namespaces, the grading tree read-only, a private /tmp and /dev/shm of 64 MB each, the rest read-only,
 nothing else of the machine but the system's and Python's own read-only files, and an empty environment;
-run as root, the worker drops to an unprivileged user of its own before it reads anything; resource limits
-(set by the worker on itself) on memory, CPU time, processes, file size, and a wall clock per concept kept
-here; its whole process tree ends with it (a PID namespace). Where bubblewrap cannot start (a container
-without user namespaces), --sandbox uid runs the worker as a user of its own, as root, with the same
-limits, and ends every process of that user afterwards (COURSE.md says what it loses). Without a
+run as root, the worker drops to an unprivileged user of its own before it reads anything; then, where the
+kernel has Landlock (worker_probe), it takes every write to the file system from itself, and TCP
+(course_worker.no_writes); resource limits (set by the worker on itself) on memory, CPU time, processes,
+file size, and a wall clock per concept kept here; its whole process tree ends with it (a PID namespace).
+Where bubblewrap cannot start (a container without user namespaces), --sandbox uid runs the worker as a
+user of its own, as root, with the same limits and Landlock, and ends every process of that user afterwards
+(COURSE.md says what it loses, and grading says so where Landlock cannot be used). Without a
 sandbox, grading refuses unless told the submissions are trusted (--trusted): then the worker runs as a
 plain process with the same limits.
 
@@ -646,7 +648,8 @@ SANDBOXES = ('bubblewrap', 'uid', 'none')
 
 
 def check_sandbox(sandbox):
-    """NoSandbox with what to do, where grading cannot run student code in `sandbox`."""
+    """NoSandbox with what to do, where grading cannot run student code in `sandbox`; else what the sandbox loses
+    on this machine, in one line (the uid sandbox where Landlock cannot be used), or None."""
     if sandbox == 'bubblewrap':
         sandbox_command(os.path.dirname(os.path.abspath(__file__)))
         probe = subprocess.run(sandbox_command('/', 1)[:-4] + ['/bin/true'], env={}, capture_output=True, text=True)
@@ -668,16 +671,68 @@ def check_sandbox(sandbox):
                                 f"{what}: open it to every user (chmod o+x {closed}, and the same for the folders "
                                 "above it), or install Python and the packages where every user can reach them "
                                 "(as Gradescope's image does: /usr, or a venv under /autograder) with TMPDIR=/tmp")
-        code = ('import os, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
-                'os.execv(sys.executable, [sys.executable, "-I", "-c", "import torch, safetensors"])')
-        probe = subprocess.run([sys.executable, '-I', '-S', '-c', code, str(FIRST_UID - 1)], env={}, cwd='/',
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            raise NoSandbox(f"--sandbox uid: a user of its own cannot run this Python ({sys.executable}: "
-                            f"{last_line(probe.stderr) or probe.returncode}); install Python and the packages where "
-                            "every user can read them (as Gradescope's image does: /usr, or a venv under /autograder)")
     elif sandbox not in SANDBOXES:
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
+    abi, why = worker_probe(sandbox)
+    if sandbox == 'uid' and not abi:
+        return without_landlock(why)
+    return None
+
+
+def without_landlock(why):
+    """What the uid sandbox loses where Landlock cannot be used (why: the reason), in one line."""
+    return (f"--sandbox uid: Landlock cannot be used here ({shown(why, 120)}): a submission can write to the "
+            "machine's shared temporary folders (/tmp, /var/tmp, /dev/shm, /run/lock) like any user, 64 MB a file but "
+            "not bounded in total, removed after its run, and open network connections (COURSE.md, \"Where "
+            "bubblewrap cannot start\")")
+
+
+# What a worker does before any student code runs, done once by a process of the sandbox's kind: the uid sandbox's
+# user (FIRST_UID - 1) or this process's, with an empty environment. Its result: whether Landlock takes writing
+# from the worker here (so the grader asks every worker to: run_worker), and that torch starts without writing.
+PROBE = """import importlib.util, json, os, sys, tempfile
+spec = importlib.util.spec_from_file_location('course_worker', sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+if sys.argv[2]:
+    os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2]))
+abi, why = worker.landlock_abi(), ''
+try:
+    worker.confine()
+    try:
+        os.remove(tempfile.mkstemp()[1])
+        abi, why = 0, 'it took no writes'
+    except PermissionError:
+        pass
+except OSError as e:
+    abi, why = 0, e.strerror or str(e)
+import torch, safetensors
+print(json.dumps([abi, why]))
+"""
+_probed = {}   # the probing user ('': this process's) -> (ABI, why not)
+_probe_lock = threading.Lock()
+
+
+def worker_probe(sandbox):
+    """(Landlock's ABI, '') where the worker of `sandbox` takes writing from itself, else (0, why not); NoSandbox
+    where a process of the sandbox's kind cannot start torch. Asked once per process and sandbox."""
+    user = str(FIRST_UID - 1) if sandbox == 'uid' else ''   # (bubblewrap's worker: as this process, for Landlock)
+    with _probe_lock:
+        if user not in _probed:
+            p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user], env={}, cwd='/',
+                               capture_output=True, text=True)
+            try:
+                abi, why = json.loads(p.stdout.strip().split('\n')[-1])
+            except (ValueError, IndexError):
+                if sandbox == 'uid':
+                    raise NoSandbox(f"--sandbox uid: a user of its own cannot run this Python ({sys.executable}: "
+                                    f"{last_line(p.stderr) or p.returncode}); install Python and the packages where "
+                                    "every user can read them (as Gradescope's image does: /usr, or a venv under "
+                                    "/autograder)") from None
+                raise NoSandbox(f"this Python cannot start torch as a sandbox's worker does ({sys.executable}: "
+                                f"{last_line(p.stderr) or p.returncode})") from None
+            _probed[user] = (int(abi), str(why))
+        return _probed[user]
 
 
 def readable_by_others(paths):
@@ -715,17 +770,23 @@ def closed_to_others(path):
     return None
 
 
+SHARED_FOLDERS = ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '/var/lock')   # every user may write in them
+
+
 def end_processes_of(uid, tops=()):
-    """Every process of user `uid` ended (the uid sandbox's tree, whatever it started), and the files it left
-    in the machine's shared temporary folders removed. A process of that user sends the kill: kill(-1) reaches
-    every process it may signal, that is every process of the user, and never itself. Returns the bytes of disk
-    the removed files held (also those in the grader's TMPDIR, where its own TMPDIR and HOME lie)."""
+    """Every process of user `uid` ended (the uid sandbox's tree, whatever it started), its System V shared memory,
+    message queues and semaphores removed (they outlive processes), and the files it left in the machine's shared
+    temporary folders removed (where Landlock took its writes, there are none). A process of that user sends the
+    kill: kill(-1) reaches every process it may signal, that is every process of the user, and never itself.
+    Returns the bytes of disk the removed files held (also those in the grader's TMPDIR, where its own TMPDIR and
+    HOME lie)."""
     code = ('import os, signal, sys\nos.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n'
             'for _ in range(100):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except ProcessLookupError:\n'
             '        break\n')
     subprocess.run([sys.executable, '-I', '-S', '-c', code, str(uid)], env={}, check=True)
+    remove_ipc_of(uid)
     took = 0   # bytes of disk its files held (st_blocks: a sparse file holds what it wrote, not its size)
-    for top in dict.fromkeys(('/tmp', '/var/tmp', '/dev/shm', tempfile.gettempdir(), *tops)):
+    for top in dict.fromkeys(os.path.realpath(p) for p in (*SHARED_FOLDERS, tempfile.gettempdir(), *tops)):
         for path, is_folder in reversed(tree_of(top)):   # (what is inside a folder before the folder)
             try:
                 st = os.lstat(path)
@@ -735,6 +796,31 @@ def end_processes_of(uid, tops=()):
             except OSError:   # (a folder that still holds another user's files stays)
                 pass
     return took
+
+
+def ipc_of(uid):
+    """[(kind, id)] of the System V IPC objects (shm, msg, sem) that user `uid` created or owns (/proc/sysvipc)."""
+    found = []
+    for kind in ('shm', 'msg', 'sem'):
+        try:
+            with open(f'/proc/sysvipc/{kind}') as f:
+                head, *rows = [line.split() for line in f if line.strip()]
+        except (OSError, ValueError):
+            continue
+        for row in rows:
+            if len(row) == len(head) and uid in (int(row[head.index('uid')]), int(row[head.index('cuid')])):
+                found.append((kind, int(row[1])))
+    return found
+
+
+def remove_ipc_of(uid):
+    """The System V IPC objects of user `uid` removed (IPC_RMID; a shared memory segment still attached goes when
+    the last process detaches, and every one of them has ended)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, ipc_id in ipc_of(uid):
+        {'shm': lambda: libc.shmctl(ipc_id, 0, None), 'msg': lambda: libc.msgctl(ipc_id, 0, None),
+         'sem': lambda: libc.semctl(ipc_id, 0, 0)}[kind]()
 
 
 def tree_of(top):
@@ -758,9 +844,9 @@ def tree_of(top):
     return found
 
 
-def sandbox_command(tree, cpu_seconds=60):
+def sandbox_command(tree, cpu_seconds=60, no_writes=False):
     """bubblewrap's command line for a worker in `tree` (read-only at /grade) with cpu_seconds of CPU time in
-    all, or NoSandbox."""
+    all (no_writes: worker_env), or NoSandbox."""
     bwrap = shutil.which('bwrap')
     if not bwrap:
         raise NoSandbox("grading runs each submission in a sandbox and needs bubblewrap, which is not installed "
@@ -789,17 +875,17 @@ def sandbox_command(tree, cpu_seconds=60):
     cmd += ['--ro-bind', tree, '/grade', '--proc', '/proc', '--dev', '/dev',
             '--perms', '1777', '--size', str(FILE_SIZE), '--tmpfs', '/dev/shm', '--remount-ro', '/dev',
             '--remount-ro', '/', '--chdir', '/grade', '--clearenv']
-    for key, value in worker_env(cpu_seconds).items():
+    for key, value in worker_env(cpu_seconds, no_writes).items():
         cmd += ['--setenv', key, value]
     return cmd + [sys.executable, '-I', '-B', '/grade/course_worker.py']
 
 
-def worker_env(cpu_seconds):
-    """The worker's whole environment: nothing of the grader's (it may hold secrets), its limits, and, as root,
-    the user it becomes."""
+def worker_env(cpu_seconds, no_writes=False):
+    """The worker's whole environment: nothing of the grader's (it may hold secrets), its limits (with no_writes:
+    Landlock takes writing from it, course_worker.confine), and, as root, the user it becomes."""
     env = dict(PATH='/usr/bin:/bin', HOME='/tmp', OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1',
                COURSE_WORKER_LIMITS=json.dumps(dict(memory=MEMORY, cpu_seconds=int(cpu_seconds) + 1,
-                                                    file_size=FILE_SIZE, processes=PROCESSES)))
+                                                    file_size=FILE_SIZE, processes=PROCESSES, no_writes=no_writes)))
     if os.geteuid() == 0:
         env['COURSE_WORKER_USER'] = str(next_uid())
     return env
@@ -928,11 +1014,12 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     (Python and torch started, within STARTUP). Once every concept has answered, whatever the code left running
     ends with the sandbox. `tree` lies in a student's folder of grading_folder(): under the uid sandbox that
     folder becomes the sandbox user's alone (0700) for the run, with its TMPDIR and HOME in it."""
-    uid = None
+    uid, no_writes = None, worker_probe(sandbox)[0] > 0   # (Landlock here: the worker takes its writes from itself)
     if sandbox == 'bubblewrap':   # (bubblewrap itself starts with an empty environment: the code's /proc/1/environ is empty)
-        env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts)
+        env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts, no_writes)
     else:
-        env, cmd = worker_env(cpu_seconds * n_concepts), [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')]
+        env, cmd = (worker_env(cpu_seconds * n_concepts, no_writes),
+                    [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')])
         if sandbox == 'uid':   # the worker becomes a user of its own (COURSE_WORKER_USER) before it reads anything
             uid = int(env['COURSE_WORKER_USER'])
             student = os.path.dirname(os.path.abspath(tree))
@@ -978,6 +1065,9 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
                     took = end_processes_of(uid)
                 stderr.join(10)       # (every writer ended: the pipe is at its end)
         full = full or disk_full(work)
+        if proc.returncode == course_worker.EX_OSERR and answered() == 0:   # (before any student code ran)
+            said = last_line(bytes(stderr.tail).decode('utf-8', 'replace'))
+            raise NoSandbox(f"the worker could not take writing from itself ({said})")
         # the CPU limit sends SIGXCPU (bubblewrap reports its child's death by a signal as 128 + the signal);
         # SIGKILL is the hard limit's, when SIGXCPU was ignored, or the kernel's when memory ran out
         if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):

@@ -13,7 +13,9 @@ A request holds the probes of one or more concepts. The worker first writes a fr
 (Python and torch started), then the answers of each concept as soon as its probes are done (each frame
 8 bytes of length, then a safetensors blob); each concept gets its own CPU time
 (a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
-concepts answered, and the grader runs the later ones again.
+concepts answered, and the grader runs the later ones again. Before it reads anything, the worker sets its
+limits, becomes the user the grader names, and, where the grader found Landlock, takes every write to the file
+system from itself (no_writes): the code under test writes nowhere on disk.
 """
 
 import contextlib
@@ -241,20 +243,108 @@ def apply_limits(limits):
     """The sandbox's limits, set by the worker on itself before anything else runs (the grader starts it with
     no preexec_fn, which can deadlock in a threaded process): address space, CPU time in all (each concept
     lowers its own soft limit below), file size (its answers and printed output too), processes and threads
-    of its user, no core files. A hard limit once lowered cannot be raised by the code under test."""
+    of its user, no core files, no POSIX message queue (one outlives its process, and the uid sandbox has no IPC
+    namespace of its own). A hard limit once lowered cannot be raised by the code under test."""
     for which, value in ((resource.RLIMIT_AS, limits['memory']), (resource.RLIMIT_FSIZE, limits['file_size']),
-                         (resource.RLIMIT_NPROC, limits['processes']), (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_NPROC, limits['processes']), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_MSGQUEUE, 0)):
         resource.setrlimit(which, (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (limits['cpu_seconds'], limits['cpu_seconds'] + 1))
 
 
+# -----------------------------------------------------------------------------
+# Landlock (Linux 5.13 on): a process takes rights from itself, for good, and passes the loss to every process it
+# starts. The worker takes every write to the file system from itself before any student code can run, so that
+# a submission writes nowhere on disk, in any sandbox (the uid sandbox shares the machine's temporary folders)
+
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446   # (every architecture but alpha)
+LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH, PR_SET_NO_NEW_PRIVS = 1, 1, 38
+FS_WRITE_FILE, FS_TRUNCATE = 1 << 1, 1 << 14
+FS_WRITES = {   # the file system's write rights each ABI knows: writing a file, removing and making anything
+    1: FS_WRITE_FILE | sum(1 << i for i in range(4, 13)),   # (remove a folder or file; make a char device, folder,
+    2: 1 << 13,                                             #  file, socket, FIFO, block device, link), refer
+    3: FS_TRUNCATE}                                         # (a link or rename across folders), truncate
+NET_TCP = 1 << 0 | 1 << 1          # ABI 4: bind and connect TCP ports
+SCOPE_ABSTRACT_UNIX = 1 << 0       # ABI 6: connect to an abstract Unix socket outside the worker's own processes
+EX_OSERR = 71                      # the worker's exit status where it cannot take its rights (sysexits.h)
+
+
+def libc_call(name, *args):
+    """libc's `name` on args (ints as C longs), its result, or OSError with its errno."""
+    import ctypes
+    fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    fn.restype = ctypes.c_long
+    result = fn(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    if result < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return result
+
+
+def syscall(*args):
+    return libc_call('syscall', *args)
+
+
+def landlock_abi():
+    """The Landlock ABI version this kernel offers (1 on), or 0 where it cannot be used: a kernel before 5.13 or
+    without Landlock, Landlock disabled at boot, or a seccomp filter (a container's) that refuses its system calls."""
+    try:
+        return syscall(LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    except OSError:
+        return 0
+
+
+def no_writes():
+    """Take from this process, and every process it starts, every write to the file system but /dev/null's: no file,
+    folder, link, socket or FIFO made, none written, truncated, renamed or removed; the descriptors already open
+    (the answers, the stderr pipe) stay as they are, since Landlock checks a file when it is opened. With ABI 4 no
+    TCP port either (bound or connected), with ABI 6 no abstract Unix socket of another process. OSError where
+    Landlock cannot be used (its strerror: why)."""
+    import struct as s
+    abi = syscall(LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    fs = sum(bits for version, bits in FS_WRITES.items() if version <= abi)
+    attr = s.pack('=QQQ', fs, NET_TCP if abi >= 4 else 0, SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
+    attr = attr[:8 if abi < 4 else 16 if abi < 6 else 24]   # (the struct as this ABI knows it)
+    ruleset = syscall(LANDLOCK_CREATE_RULESET, attr, len(attr), 0)
+    try:
+        if os.path.exists('/dev/null'):   # (written by honest code: open(os.devnull, 'w'), as torch's import does)
+            null = os.open('/dev/null', os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = s.pack('=Qi', FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0), null)
+                syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
+            finally:
+                os.close(null)
+        libc_call('prctl', PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)   # (no setuid program gives back what is taken)
+        syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0)
+    finally:
+        os.close(ruleset)
+
+
+def confine():
+    """What the worker does to itself before any student code can run, when the grader asks (it found Landlock
+    where the sandbox runs): the temporary folder resolved first (tempfile tries to write a file in it, as
+    torch's import asks for it through dill), torch's compile cache put in it (torch._dynamo makes that folder
+    when it is first imported, which iterating over a tensor under a dispatch mode does: a folder that exists
+    is not made), then no writes."""
+    import tempfile
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.gettempdir()
+    no_writes()
+
+
 def main():
-    apply_limits(json.loads(os.environ.pop('COURSE_WORKER_LIMITS')))
+    limits = json.loads(os.environ.pop('COURSE_WORKER_LIMITS'))
+    apply_limits(limits)
     user = os.environ.pop('COURSE_WORKER_USER', None)
     if user:   # started as root in the sandbox: become an unprivileged user before anything else is read
         os.setgroups([])
         os.setgid(int(user))
         os.setuid(int(user))
+    if limits.get('no_writes'):   # (before sys.path holds the tree: no student file can run first)
+        try:
+            confine()
+        except OSError as e:
+            print(f"course_worker: Landlock refused: {e}", file=sys.stderr, flush=True)
+            sys.exit(EX_OSERR)
     sys.path.insert(0, HERE)
     import torch
     torch.set_num_threads(1)

@@ -482,7 +482,7 @@ ATTACKS = {
         out.flush()
         time.sleep(1.5)
 """,
-    # every place it can write to, filled (each should take at most FILE_SIZE)
+    # every place it can write to, filled (each should take nothing, or at most FILE_SIZE: within_the_cap)
     'filler': """    import os
     took = {}
     for d in ('/', '/dev', '/dev/shm', '/tmp', '/grade', '/proc'):
@@ -498,6 +498,14 @@ ATTACKS = {
     raise RuntimeError('took: ' + repr(took))
 """,
 }
+def within_the_cap(filled):
+    """Whether the filler's bytes in each place are what the sandbox allows: nothing where Landlock takes every
+    write from the worker (course_worker.no_writes), else at most FILE_SIZE (bubblewrap's tmpfs), some in /tmp."""
+    if course_worker.landlock_abi():
+        return set(filled) >= {'/tmp', '/dev/shm'} and sum(filled.values()) == 0
+    return filled['/tmp'] > 0 and all(v <= course_grader.FILE_SIZE for v in filled.values())
+
+
 # Attacks by files and names: what each student's folder is
 FILE_ATTACKS = ('link_to_victim', 'link_to_shadow', 'link_to_zero', 'fifo', 'a_folder', 'huge', 'folder_link')
 
@@ -661,7 +669,7 @@ def test_attacks_earn_what_their_code_earns_and_the_class_is_unchanged(handouts,
     # the sandbox holds nothing of the grader's: no environment, no writable place past its cap, no hidden file
     assert 'environ: []' in rows['environ']['feedback'], rows['environ']['feedback']
     filled = ast.literal_eval(re.search(r"took: (\{[^}]*\})", rows['filler']['feedback']).group(1))
-    assert filled['/tmp'] > 0 and all(v <= course_grader.FILE_SIZE for v in filled.values()), filled
+    assert within_the_cap(filled), filled
     assert 'found: []' in rows['reader']['feedback'], rows['reader']['feedback']
     # student text is inert: one line, no escape sequence, labelled; the only score lines are the real ones
     fake = rows['fake_lines']['feedback']
@@ -929,7 +937,7 @@ def test_grading_from_a_normal_account(handouts, reachable):
     assert 'score: 6/6' in rows['good'] and 'score: 6/6' in rows['zz_victim']
     assert 'environ: []' in rows['environ'] and 'hunter2' not in p.stdout + ''.join(rows.values())
     filled = eval(re.search(r"took: (\{[^}]*\})", rows['filler']).group(1))
-    assert all(v <= course_grader.FILE_SIZE for v in filled.values()) and filled['/tmp'] > 0, filled
+    assert within_the_cap(filled), filled
     assert 'found: []' in rows['reader'] and 'compare.py is a link' in rows['link_to_victim']
     assert not (out / 'pwned.txt').exists() and not (root / 'pwned.txt').exists()
 
@@ -990,32 +998,113 @@ UID_ATTACKS = {
     time.sleep(15 if len(deltas) == 5 else 0)   # (its first probe: the next students start on the full disk)
     raise RuntimeError('filled: %%d' %% written)
 """,
+    # every place it might write to: the machine's shared temporary folders, its HOME and TMPDIR, its tree and the
+    # folder above it, each with as many 60 MB files as it can make, and a folder, a FIFO and a link (at its first
+    # call; the later ones say the same)
+    'spiller': """    import os, sys, tempfile
+    me = sys.modules[__name__]
+    if not hasattr(me, 'SPILLED'):
+        here = os.getcwd()
+        me.SPILLED = spilled = {}
+        made = 0
+        for d in dict.fromkeys(['/tmp', '/var/tmp', '/dev/shm', '/run/lock', os.environ.get('HOME', '/'),
+                                tempfile.gettempdir(), here, os.path.dirname(here)]):
+            spilled[d] = 0
+            for i in range(%(files)d):
+                try:
+                    with open(os.path.join(d, f'spill-{os.getpid()}-{i}'), 'wb') as f:
+                        for _ in range(60):
+                            spilled[d] += f.write(b'x' * 2 ** 20)
+                except OSError:
+                    break
+            for k, make in enumerate((os.mkdir, os.mkfifo, lambda p: os.symlink('/', p))):
+                try:
+                    make(os.path.join(d, f'made-{os.getpid()}-{k}'))
+                    made += 1
+                except OSError:
+                    pass
+        me.SAID = 'spilled: %%r made: %%d by %%d' %% (spilled, made, os.getuid())
+    raise RuntimeError(me.SAID)
+""",
+    # a TCP port and an abstract Unix socket the test listens on, reached from inside
+    'caller': """    import socket
+    reached = []
+    for what, family, address in (('tcp', socket.AF_INET, ('127.0.0.1', %(port)d)),
+                                  ('abstract', socket.AF_UNIX, '\\0' + %(abstract)r)):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.settimeout(2)
+                s.connect(address)
+                reached.append(what)
+        except OSError:
+            pass
+    raise RuntimeError('reached: ' + repr(reached))
+""",
+    # System V shared memory, message queues and semaphores, and a POSIX message queue: kept by the kernel after
+    # every process of the user has ended
+    'ipc': """    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    made = [kind for kind, call in (('shm', lambda: libc.shmget(0, 2 ** 20, 0o1600)), ('msg', lambda: libc.msgget(0, 0o1600)),
+                                    ('sem', lambda: libc.semget(0, 1, 0o1600)),
+                                    ('mq', lambda: libc.mq_open(b'/rdattnres-%%d' %% os.getpid(), os.O_CREAT | os.O_RDWR,
+                                                                0o600, None)))
+            if call() >= 0]
+    raise RuntimeError('made: %%r by %%d' %% (made, os.getuid()))
+""",
 }
+
+
+def spilled(feedback):
+    """(bytes written in each folder, folders, FIFOs and links made, its uid) of the spiller, from its feedback."""
+    import ast
+    found = re.search(r"spilled: (\{[^}]*\}) made: (\d+) by (\d+)", feedback)
+    return ast.literal_eval(found.group(1)), int(found.group(2)), int(found.group(3))
+
+
+def left_by(uid, tops):
+    """What user uid owns under the folders tops (links not followed)."""
+    return [p for top in dict.fromkeys(os.path.realpath(t) for t in tops)
+            for p, _ in course_grader.tree_of(top) if os.lstat(p).st_uid == uid]
+
+
+def listening():
+    """A TCP port on 127.0.0.1 and an abstract Unix socket, both listening: (port, name, the sockets to close)."""
+    import secrets
+    import socket
+    tcp = socket.create_server(('127.0.0.1', 0))
+    name = f'rd-attnres-test-{secrets.token_hex(4)}'
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind('\0' + name)
+    unix.listen()
+    return tcp.getsockname()[1], name, (tcp, unix)
 
 
 @pytest.mark.slow
 def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachable):
     # the same attacks graded under bubblewrap and under --sandbox uid, from a kit only root can read, with the
     # grader's temporary folder on a small disk of its own: a reader of the reference and one of a neighbour's
-    # tree find nothing, a disk filler beside honest students (the next ones start while it holds the disk
-    # full) zeroes none of them: grading waits for room, the filler's files go with its run; a hard link is
-    # flagged, and the honest marks are the same under both
+    # tree find nothing; code that writes everywhere it might (the machine's shared temporary folders, its HOME
+    # and TMPDIR, its tree), or fills its temporary folder, writes nothing (Landlock), beside honest students who
+    # keep full marks; it reaches no TCP port and no abstract Unix socket outside, and the System V IPC objects
+    # it makes go with its run; a hard link is flagged, and the honest marks are the same under both
     if os.geteuid() != 0:
         pytest.skip('the uid sandbox runs as root')
+    abi = course_worker.landlock_abi()
+    assert abi, "Landlock is not available here: test_without_landlock_the_uid_sandbox_says_what_it_loses holds then"
     disk = reachable / 'disk'
     disk.mkdir()
     mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=160m,mode=1777', 'tmpfs', str(disk)],
                              capture_output=True).returncode == 0
-    attacks = UID_ATTACKS if mounted else {k: v for k, v in UID_ATTACKS.items() if k != 'filler'}
     kit = kit_copy(str(private_folder(tmp_path)))
     honest = ('good', 'zz_victim')
     marks = {}
+    port, abstract, sockets = listening()
     try:
         for sandbox in ('bubblewrap', 'uid'):
             base, out = tmp_path / sandbox, tmp_path / f'out_{sandbox}'
             base.mkdir()
-            root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, pairs=False,
-                                 more={'kit': kit, 'tmp': str(disk)})
+            root = hostile_class(handouts, base, out, UID_ATTACKS, file_attacks=(), names=False, pairs=False,
+                                 more={'kit': kit, 'tmp': str(disk), 'files': 8, 'port': port, 'abstract': abstract})
             # a second grader at the same time, on a class of honest students: its trees are no easier to read
             other = make_class(handouts, base / 'other', 5, {f'honest{i}': [] for i in range(4)})
             command = [sys.executable, os.path.join(kit, 'course.py'), 'grade', '5']
@@ -1027,6 +1116,7 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
             said = second.communicate(timeout=900)[0]
             assert second.returncode == 0 and said.count('score: 6/6') == 4, said[-3000:]
             assert p.returncode == course.EXIT_NOT_GRADED, p.stdout[-3000:] + p.stderr[-3000:]
+            assert 'note:' not in p.stdout.split('\nassignment 5')[0]   # (nothing lost here: said only where it is)
             rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
             marks[sandbox] = {name: rows[name].rstrip().split('\n')[-1] for name in honest}
             assert all(line == 'score: 6/6' for line in marks[sandbox].values()), (sandbox, rows)
@@ -1034,16 +1124,211 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
                 assert 'found: []' in rows[name], (sandbox, name, rows[name])
             for name, other in (('dave', 'zz_linker'), ('zz_linker', 'dave')):
                 assert f"not graded: compare.py is the same file as {other}'s" in rows[name], rows[name]
-            if mounted:   # (bubblewrap: its own /tmp filled; uid: the grader's disk, to the last byte)
-                assert 'filled: ' in rows['filler'] and 'score: 0/6' in rows['filler'], rows['filler']
-                assert not any('ended without answering' in rows[name] for name in honest)
+            # nothing written anywhere: no byte, no folder, FIFO or link; so nothing of its user's to clean up
+            wrote, made, uid = spilled(rows['spiller'])
+            assert set(wrote) >= {'/tmp', '/dev/shm'} and sum(wrote.values()) == 0 and made == 0, (sandbox, wrote, made)
+            assert 'filled: 0' in rows['filler'] and 'score: 0/6' in rows['filler'], rows['filler']
+            if sandbox == 'uid':
+                assert left_by(uid, [*course_grader.SHARED_FOLDERS, disk]) == []
+            assert "reached: []" in rows['caller'] or abi < 6 and "reached: ['abstract']" in rows['caller'], rows['caller']
+            made_ipc, ipc_uid = re.search(r"made: (\[[^]]*\]) by (\d+)", rows['ipc']).groups()
+            assert 'mq' not in made_ipc and (sandbox == 'bubblewrap' or 'shm' in made_ipc), rows['ipc']
+            assert course_grader.ipc_of(int(ipc_uid)) == []
+            if mounted:
                 left = [p for p, _ in course_grader.tree_of(str(disk)) if 'rd-attnres-grading-' in p
                         or os.lstat(p).st_uid >= course_grader.FIRST_UID]
-                assert left == [], left   # every file it wrote found and removed, and the grader's own folder
+                assert left == [], left   # the grader's own folder removed
         assert marks['uid'] == marks['bubblewrap']
     finally:
+        for s in sockets:
+            s.close()
         if mounted:
             subprocess.run(['umount', '-l', str(disk)])
+
+
+@pytest.mark.slow
+def test_every_assignment_is_graded_alike_in_both_sandboxes(handouts, tmp_path, reachable):
+    # the worker writes nothing under either sandbox (Landlock, where it can be used): a solution of each assignment,
+    # a planted mistake and the unsolved stub get the same marks under bubblewrap and --sandbox uid, the solution
+    # full marks (torch and every probe run with no write to the disk)
+    if os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    kit = kit_copy(str(private_folder(tmp_path)))
+    for n in course.ASSIGNMENTS:
+        planted = next((name, mistakes) for a, name, mistakes, _ in PLANTED if a == n)
+        root = make_class(handouts, tmp_path / f'a{n}', n, {'solution': [], 'unsolved': None,
+                                                           re.sub(r'\W+', '_', planted[0]): planted[1]})
+        books = {}
+        for sandbox in ('bubblewrap', 'uid'):
+            out = tmp_path / f'out{n}_{sandbox}'
+            p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', str(n), str(root), '--out',
+                                str(out), '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True,
+                               timeout=900, env=dict(os.environ, TMPDIR=str(reachable)))
+            assert p.returncode == 1 and 'note:' not in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+            with open(out / f'gradebook_assignment{n}.csv', newline='') as f:
+                book = list(csv.DictReader(f))
+            books[sandbox] = [{k: v for k, v in row.items() if k != 'seconds'} for row in book]
+        total = sum(c.marks for c in concepts_of(n))
+        assert {row['student']: int(row['total']) for row in books['uid']}['solution'] == total, books['uid']
+        assert books['uid'] == books['bubblewrap'], (n, books)
+
+
+# A container's seccomp filter that refuses Landlock's system calls (444 to 446) with ENOSYS, as a profile that
+# does not know them does: the command it starts (argv), and every process that command starts, cannot use Landlock
+NO_LANDLOCK = r"""import ctypes, os, struct, sys
+def op(code, k, jt=0, jf=0):
+    return struct.pack('HBBI', code, jt, jf, k)
+prog = (op(0x20, 0)                    # the system call's number
+        + op(0x35, 444, 0, 2)          # below 444: allowed
+        + op(0x25, 446, 1, 0)          # above 446: allowed
+        + op(0x06, 0x00050000 | 38)    # else ENOSYS
+        + op(0x06, 0x7fff0000))        # allowed
+code = ctypes.create_string_buffer(prog, len(prog))
+class Program(ctypes.Structure):
+    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
+program = Program(len(prog) // 8, ctypes.addressof(code))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(ctypes.c_ulong(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+assert libc.prctl(ctypes.c_ulong(22), ctypes.c_ulong(2), ctypes.byref(program), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_without_landlock_the_uid_sandbox_says_what_it_loses(handouts, tmp_path, reachable):
+    # where Landlock cannot be used (a container whose seccomp filter refuses it, as here), --sandbox uid grades and
+    # says first, in one line, what it loses: code writes to the machine's shared temporary folders like any user,
+    # 64 MB a file but not bounded in total, and everything it wrote is removed after its run; a disk filler beside
+    # honest students (the next ones start while it holds the disk full) zeroes none of them: grading waits for room
+    if os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    kit = kit_copy(str(private_folder(tmp_path)))
+    disk = reachable / 'disk'
+    disk.mkdir()
+    assert subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=160m,mode=1777', 'tmpfs', str(disk)]).returncode == 0
+    rows, uids = {}, []
+    try:
+        # the filler on a small disk of its own, beside honest students; the spiller where there is room
+        for attack, temp, jobs in (('filler', disk, '2'), ('spiller', reachable, '1')):
+            base, out = tmp_path / attack, tmp_path / f'out_{attack}'
+            base.mkdir()
+            root = hostile_class(handouts, base, out, {attack: UID_ATTACKS[attack]}, file_attacks=(), names=False,
+                                 links=False, pairs=False, more={'files': 2})
+            p = subprocess.run([sys.executable, '-c', NO_LANDLOCK, sys.executable, os.path.join(kit, 'course.py'),
+                                'grade', '5', str(root), '--out', str(out), '--jobs', jobs, '--sandbox', 'uid'],
+                               capture_output=True, text=True, timeout=900, env=dict(os.environ, TMPDIR=str(temp)))
+            assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+            notes = [line for line in p.stdout.split('\n') if line.startswith('note: ')]
+            assert notes == [f"note: {course_grader.without_landlock('Function not implemented')}"], p.stdout[:3000]
+            assert p.stdout.startswith(notes[0])   # (before any student's row)
+            rows.update({f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')})
+            for name in ('good', 'zz_victim'):
+                assert rows[name].rstrip().endswith('score: 6/6') and 'ended without answering' not in rows[name], rows[name]
+        assert 'filled: ' in rows['filler'] and 'score: 0/6' in rows['filler'], rows['filler']
+        left = [p for p, _ in course_grader.tree_of(str(disk)) if 'rd-attnres-grading-' in p
+                or os.lstat(p).st_uid >= course_grader.FIRST_UID]
+        assert left == [], left
+        wrote, made, uid = spilled(rows['spiller'])   # what it loses, as said: /tmp written, 60 MB a file
+        assert wrote['/tmp'] == wrote['/dev/shm'] == 2 * 60 * 2 ** 20 and made > 0, (wrote, made)
+        assert left_by(uid, [*course_grader.SHARED_FOLDERS, reachable]) == []   # and removed after its run
+    finally:
+        subprocess.run(['umount', '-l', str(disk)])
+
+
+# What a process can still do once course_worker.no_writes has run: each try's errno name, or 'ok'
+WRITES = r"""import errno, json, os, socket, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from course_kit import worker
+here, port, name = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+at = lambda f: os.path.join(here, f)
+kept = open(at('kept'), 'w')
+open(at('old'), 'w').write('old')
+os.mkdir(at('folder'))
+worker.no_writes()
+
+def connect(family, address):
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        s.connect(address)
+tries = {
+    'create': lambda: open(at('new'), 'x'), 'append': lambda: open(at('old'), 'a'), 'truncate': lambda: os.truncate(at('old'), 0),
+    'remove': lambda: os.remove(at('old')), 'rename': lambda: os.rename(at('old'), at('older')),
+    'link': lambda: os.link(at('old'), at('hard')), 'symlink': lambda: os.symlink('/', at('sym')),
+    'mkdir': lambda: os.mkdir(at('made')), 'rmdir': lambda: os.rmdir(at('folder')), 'fifo': lambda: os.mkfifo(at('fifo')),
+    'socket file': lambda: socket.socket(socket.AF_UNIX).bind(at('sock')),
+    'kept, reopened': lambda: open(f'/proc/self/fd/{kept.fileno()}', 'w'),
+    '/tmp': lambda: open(f'/tmp/rd-attnres-{os.getpid()}', 'x'), '/dev/shm': lambda: open(f'/dev/shm/rd-attnres-{os.getpid()}', 'x'),
+    'tcp': lambda: connect(socket.AF_INET, ('127.0.0.1', port)), 'abstract': lambda: connect(socket.AF_UNIX, '\0' + name),
+    'kept': lambda: kept.write('still') and kept.flush(), '/dev/null': lambda: open(os.devnull, 'w').write('x'),
+    'udp': lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', port)),
+}
+said = {}
+for what, attempt in tries.items():
+    try:
+        attempt()
+        said[what] = 'ok'
+    except OSError as e:
+        said[what] = errno.errorcode[e.errno]
+child = subprocess.run([sys.executable, '-I', '-S', '-c', f'open({at("child")!r}, "x")'], capture_output=True, text=True)
+said['a process it starts'] = child.stderr.strip().split('\n')[-1].split(':')[0]
+print(json.dumps(said))
+"""
+
+
+def test_the_worker_takes_every_write_from_itself(tmp_path):
+    # course_worker.no_writes (Landlock, before any student code runs): no file made, written, truncated, renamed,
+    # linked or removed, no folder, FIFO, link or socket file, in its own folder as in /tmp, and none by a process
+    # it starts; no TCP port and no abstract Unix socket outside; what was open before (its answers) and /dev/null
+    # still written. UDP is not Landlock's (COURSE.md says so)
+    abi = course_worker.landlock_abi()
+    if not abi:
+        pytest.skip("Landlock is not available on this kernel (test_without_landlock_the_uid_sandbox_says_what_it_loses)")
+    port, name, sockets = listening()
+    try:
+        p = subprocess.run([sys.executable, '-I', '-S', '-c', WRITES, HERE, str(tmp_path), str(port), name],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        for s in sockets:
+            s.close()
+    said = json.loads(p.stdout)
+    refused = {what: said.pop(what) for what in list(said) if what not in ('kept', '/dev/null', 'udp', 'tcp', 'abstract',
+                                                                            'a process it starts')}
+    assert set(refused.values()) == {'EACCES'}, refused
+    assert said == {'kept': 'ok', '/dev/null': 'ok', 'udp': 'ok', 'tcp': 'EACCES' if abi >= 4 else 'ok',
+                    'abstract': 'EPERM' if abi >= 6 else 'ok', 'a process it starts': 'PermissionError'}, said
+    assert sorted(os.listdir(tmp_path)) == ['folder', 'kept', 'old']
+    assert (tmp_path / 'kept').read_text() == 'still' and (tmp_path / 'old').read_text() == 'old'
+
+
+def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_path, monkeypatch):
+    # where a seccomp filter refuses Landlock (NO_LANDLOCK), the worker finds no ABI, and asked to take its writes
+    # (the grader found Landlock: COURSE_WORKER_LIMITS no_writes) it ends before reading its request, with an exit
+    # status of its own; the grader makes that a grading failure (the row "not graded"), never the student's 0.
+    # Where the grader finds no Landlock it says what the uid sandbox loses (without_landlock)
+    code = ('import sys; sys.path.insert(0, sys.argv[1]); from course_kit import worker\n'
+            'print(worker.landlock_abi())\ntry:\n    worker.no_writes()\nexcept OSError as e:\n    print(e.strerror)')
+    p = subprocess.run([sys.executable, '-c', NO_LANDLOCK, sys.executable, '-I', '-S', '-c', code, HERE],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.split('\n')[:2] == ['0', 'Function not implemented'], p.stdout + p.stderr
+    limits = dict(memory=course_grader.MEMORY, cpu_seconds=10, file_size=course_grader.FILE_SIZE, processes=64,
+                  no_writes=True)
+    p = subprocess.run([sys.executable, '-c', NO_LANDLOCK, sys.executable, '-I', '-B',
+                        os.path.join(HERE, 'course_kit', 'worker.py')], input=b'', capture_output=True, timeout=60,
+                       env=dict(COURSE_WORKER_LIMITS=json.dumps(limits), PATH='/usr/bin:/bin'))
+    assert p.returncode == course_worker.EX_OSERR and p.stdout == b'', p
+    assert p.stderr.decode().strip() == 'course_worker: Landlock refused: [Errno 38] Function not implemented'
+    tree = tmp_path / 'tree'   # (a worker that ends so: the grader's failure)
+    tree.mkdir()
+    (tree / 'course_worker.py').write_text(f"import sys\nprint('course_worker: Landlock refused: [Errno 1] no', "
+                                           f"file=sys.stderr)\nsys.exit({course_worker.EX_OSERR})\n")
+    monkeypatch.setitem(course_grader._probed, '', (7, ''))
+    with pytest.raises(course_grader.NoSandbox, match=r'could not take writing from itself \(course_worker: Landlock'):
+        course_grader.run_worker(str(tree), b'', 1, 5, 'none')
+    said = course_grader.without_landlock('Function not implemented')
+    assert '\n' not in said and '(Function not implemented)' in said
+    for loss in ('/tmp, /var/tmp, /dev/shm, /run/lock', '64 MB a file but not bounded in total', 'removed after its run',
+                 'network connections'):
+        assert loss in said, loss
 
 
 def private_folder(tmp_path):
