@@ -817,10 +817,12 @@ def remove_ipc_of(uid):
     """The System V IPC objects of user `uid` removed (IPC_RMID; a shared memory segment still attached goes when
     the last process detaches, and every one of them has ended)."""
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc, IPC_RMID = ctypes.CDLL(None, use_errno=True), 0
     for kind, ipc_id in ipc_of(uid):
-        {'shm': lambda: libc.shmctl(ipc_id, 0, None), 'msg': lambda: libc.msgctl(ipc_id, 0, None),
-         'sem': lambda: libc.semctl(ipc_id, 0, 0)}[kind]()
+        if kind == 'sem':
+            libc.semctl(ipc_id, 0, IPC_RMID)         # (the set's semaphore number, unused by IPC_RMID)
+        else:
+            getattr(libc, f'{kind}ctl')(ipc_id, IPC_RMID, None)   # shmctl, msgctl
 
 
 def tree_of(top):

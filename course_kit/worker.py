@@ -300,17 +300,16 @@ def no_writes():
     (the answers, the stderr pipe) stay as they are, since Landlock checks a file when it is opened. With ABI 4 no
     TCP port either (bound or connected), with ABI 6 no abstract Unix socket of another process. OSError where
     Landlock cannot be used (its strerror: why)."""
-    import struct as s
     abi = syscall(LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     fs = sum(bits for version, bits in FS_WRITES.items() if version <= abi)
-    attr = s.pack('=QQQ', fs, NET_TCP if abi >= 4 else 0, SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
+    attr = struct.pack('=QQQ', fs, NET_TCP if abi >= 4 else 0, SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
     attr = attr[:8 if abi < 4 else 16 if abi < 6 else 24]   # (the struct as this ABI knows it)
     ruleset = syscall(LANDLOCK_CREATE_RULESET, attr, len(attr), 0)
     try:
         if os.path.exists('/dev/null'):   # (written by honest code: open(os.devnull, 'w'), as torch's import does)
             null = os.open('/dev/null', os.O_PATH | os.O_CLOEXEC)
             try:
-                rule = s.pack('=Qi', FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0), null)
+                rule = struct.pack('=Qi', FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0), null)
                 syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
             finally:
                 os.close(null)

@@ -205,6 +205,7 @@ def remove_run_files(out_dir, suffix=''):
         if os.path.exists(os.path.join(out_dir, name + suffix)):
             os.remove(os.path.join(out_dir, name + suffix))
 
+
 # -----------------------------------------------------------------------------
 # config.json
 
