@@ -5,7 +5,7 @@ shape, measured side by side in one run.
     python bench.py                                   # the CPU shape: 8 x 256, context 256, batch 16
     python bench.py --compile=True                    # the same under torch.compile
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=1 --modes=standard,attnres,rd_attnres
-    python bench.py --modes=standard,rd_attnres,rd_attnres+two_phase --compile=True   # the two reads side by side
+    python bench.py --modes=standard,rd_attnres,rd_attnres+two_phase,rd_attnres+fused --compile=True   # the reads side by side
     python bench.py --device=cuda --dtype=bfloat16 --compile=True --json=bench.jsonl
     python bench.py --compile_cost=True --modes=standard,rd_attnres --n_layer=12   # what a cold compile consists of
     python bench.py --data=True --block_size=1024     # host time of one step's data work at the 120m shape
@@ -68,8 +68,8 @@ DEFAULTS = dict(
 
 
 def build(cfg, mode, device):
-    """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase': its reads computed in two phases
-    (fast_read/two_phase_read.py) instead of the plain read."""
+    """A mode's model, optimizer and what runs it. 'rd_attnres+two_phase', 'rd_attnres+fused': its reads computed
+    in two phases or by the fused op (fast_read/) instead of the plain read."""
     torch.manual_seed(cfg['seed'])
     residual, _, variant = mode.partition('+')
     model = build_model(dict(cfg, residual=residual, depth_read=variant or 'plain')).to(device)
@@ -340,10 +340,11 @@ def main(argv):
         return
 
     modes = cfg['modes'].split(',')
-    unknown = [m for m in modes if m.partition('+')[0] not in RESIDUAL_MODES or m.partition('+')[2] not in ('', 'two_phase')]
+    unknown = [m for m in modes if m.partition('+')[0] not in RESIDUAL_MODES
+               or m.partition('+')[2] not in ('', 'two_phase', 'fused') or m.startswith('standard+')]
     if unknown:
         raise SystemExit(f"unknown modes {unknown}; choose from {', '.join(RESIDUAL_MODES)}, a depth-routed one "
-                         "optionally with +two_phase (its reads computed in two phases)")
+                         "optionally with +two_phase or +fused (its reads computed in two phases, or fused)")
     if cfg['compile_cost']:
         return compile_cost(cfg, argv, modes)
     tokens = cfg['batch_size'] * cfg['block_size']

@@ -72,7 +72,7 @@ n_head = 12
 n_embd = 768
 residual = 'rd_attnres'
 attnres_block_size = 4
-depth_read = 'plain'        # or 'two_phase': the same reads, computed per block (docs/performance.md)
+depth_read = 'plain'        # or 'two_phase', 'fused': the same reads, computed per block (docs/performance.md)
 # optimizer: AdamW, linear warmup then cosine decay to min_lr_ratio * learning_rate
 learning_rate = 6e-4
 max_iters = 3815
@@ -332,7 +332,7 @@ def set_up_run(cfg, proc):
     n_windows, n_eval = count_windows(cfg, proc.master, windows_per_step, train_data, val_data)
 
     torch.manual_seed(cfg['seed'])  # the same on every rank: the initialisation is part of the pairing
-    raw_model = build_model(cfg).to(proc.device)   # GPT (depth_read='two_phase': TwoPhaseGPT, the same function)
+    raw_model = build_model(cfg).to(proc.device)   # GPT, or TwoPhaseGPT / FusedGPT (depth_read)
     optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
                                                proc.device_type)
     scaler = torch.amp.GradScaler(proc.device_type, init_scale=cfg['fp16_init_scale'], enabled=proc.dtype == torch.float16)

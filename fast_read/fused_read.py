@@ -37,6 +37,7 @@ the lines between `### BEGIN WITH SOLUTION n` and `### END WITH SOLUTION` come w
 handout that still has one to write holds the `### HANDOUT:` lines instead (FUSED = False: the plain read).
 """
 
+import functools
 import os
 import warnings
 
@@ -121,7 +122,6 @@ def torch_backward(xs, w, h, lse, grad_h, grad_lse):
 
 
 if triton is not None:
-    @triton.jit
     def finished_read_kernel(xs, w_ptr, h_ptr, lse_ptr, M, N, d, R: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_D: tl.constexpr, MAX_N: tl.constexpr):
         # one program: BLOCK_M tokens, one route; an online softmax over the sources (the flash-attention
@@ -147,7 +147,6 @@ if triton is not None:
         tl.store(h_ptr + r * M * d + rows[:, None] * d + cols[None, :], acc / den[:, None], mask=mask)
         tl.store(lse_ptr + r * M + rows, m + tl.log(den), mask=rows < M)
 
-    @triton.jit
     def finished_read_backward_kernel(xs, gxs, w_ptr, h_ptr, lse_ptr, gh_ptr, glse_ptr, gw_ptr, M, N, d,
                                       R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                                       MAX_N: tl.constexpr):
@@ -180,6 +179,13 @@ if triton is not None:
                 tl.store(gxs[s] + tile, g.to(gxs[s].dtype.element_ty), mask=mask)
 
 
+@functools.cache
+def jitted(kernel, interpret):
+    """The kernel compiled by triton.jit, for the GPU or (interpret) Triton's interpreter: made at the first call,
+    so that TRITON_INTERPRET is read when the kernels run, not when this file is imported."""
+    return triton.jit(kernel)
+
+
 def tile_shape(d):
     """(BLOCK_M, BLOCK_D): a whole row per program (the norm needs it), as many tokens as keep a tile ~8K floats."""
     block_d = triton.next_power_of_2(d)
@@ -197,7 +203,7 @@ def kernel_forward(xs, w):
     h = torch.empty(R, M, d, dtype=torch.float32, device=xs[0].device)
     lse = torch.empty(R, M, dtype=torch.float32, device=xs[0].device)
     block_m, block_d = tile_shape(d)
-    finished_read_kernel[(triton.cdiv(M, block_m), R)](
+    jitted(finished_read_kernel, interpreted())[(triton.cdiv(M, block_m), R)](
         padded(xs), w.float().contiguous(), h, lse, M, len(xs), d, R=R, BLOCK_M=block_m, BLOCK_D=block_d,
         MAX_N=MAX_SOURCES)
     return h, lse
@@ -210,7 +216,7 @@ def kernel_backward(xs, w, h, lse, grad_h, grad_lse):
     programs = triton.cdiv(M, block_m)
     grad_xs = [torch.empty_like(x) for x in xs]
     partial_gw = torch.zeros(programs, R, d, dtype=torch.float32, device=xs[0].device)
-    finished_read_backward_kernel[(programs,)](
+    jitted(finished_read_backward_kernel, interpreted())[(programs,)](
         padded(xs), padded(grad_xs), w.float().contiguous(), h, lse, grad_h.float().contiguous(),
         grad_lse.float().contiguous(), partial_gw, M, len(xs), d, R=R, BLOCK_M=block_m, BLOCK_D=block_d,
         MAX_N=MAX_SOURCES)

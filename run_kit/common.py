@@ -26,6 +26,7 @@ FROZEN_ON_RESUME = MODEL_KEYS + ('seed', 'dataset', 'data_id', 'total_batch_size
                                  'beta2', 'grad_clip', 'dtype_resolved', 'eval_tokens')
 # a comparison: the runs that may pair, one shape and budget. compare.py groups runs by these; a run's Weights &
 # Biases group (wandb_group='') is named after them (group_name)
+DEPTH_READS = ('plain', 'two_phase', 'fused')   # depth_read: how the reads are computed (the same function)
 GROUP_KEYS = ('n_layer', 'n_head', 'n_embd', 'block_size', 'max_iters')
 
 
@@ -50,11 +51,14 @@ def gpt_config(cfg):
 
 def build_model(cfg):
     """The model of a run's configuration (gpt_config, and depth_read): GPT, or TwoPhaseGPT where
-    depth_read='two_phase' (the same function and parameters, the reads computed per AttnRes block). On the
+    depth_read='two_phase', FusedGPT where 'fused' (the same function and parameters, the reads computed per
+    AttnRes block: fast_read/). On the
     current device (torch.device('meta') for a model without memory)."""
+    from fast_read.fused_read import FusedGPT
     from fast_read.two_phase_read import TwoPhaseGPT
     from model import GPT
-    return (TwoPhaseGPT if cfg.get('depth_read') == 'two_phase' else GPT)(gpt_config(cfg))
+    kind = {'two_phase': TwoPhaseGPT, 'fused': FusedGPT}.get(cfg.get('depth_read'), GPT)
+    return kind(gpt_config(cfg))
 
 
 def model_problems(cfg):
@@ -98,6 +102,8 @@ def validate(cfg):
     bad += [f"fp16_init_scale={cfg['fp16_init_scale']!r} must be > 0"] if cfg['fp16_init_scale'] <= 0 else []
     if cfg['init_from'] not in ('scratch', 'resume', 'auto'):
         bad.append(f"init_from must be 'scratch', 'resume' or 'auto', got {cfg['init_from']!r}")
+    if cfg.get('depth_read', 'plain') not in DEPTH_READS:
+        bad.append(f"depth_read={cfg['depth_read']!r} is not one of {', '.join(DEPTH_READS)}")
     bad += model_problems(cfg)
     if bad:
         raise SystemExit("bad configuration: " + '; '.join(bad))

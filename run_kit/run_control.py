@@ -10,6 +10,7 @@ import gc
 import inspect
 import os
 import signal
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -349,6 +350,11 @@ def start_processes(cfg):
     cfg['dtype_resolved'], dtype = resolve_dtype(cfg['dtype'], device_type)   # frozen on resume: 'auto' may mean
     proc = ThisProcess(ddp, rank, world, device, device_type)                  # bf16 on one machine, fp16 on another
     proc.dtype, proc.peak_flops = dtype, cfg['peak_flops'] or detect_peak_flops(device)
+    if cfg.get('depth_read') == 'fused' and rank == 0:   # where the fused read's kernels run here, in one line
+        from fast_read.fused_read import where_it_runs
+        note = where_it_runs(device_type)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     return proc
 
 
