@@ -227,6 +227,24 @@ def test_the_console_rounds_and_says_what_its_numbers_are(data_dir, tmp_path):
     assert re.search(r"^sublayer  4 final", s.stdout, re.M)
 
 
+
+def test_the_readmes_sample_output_is_what_the_quickstart_prints(data_dir, tmp_path, monkeypatch):
+    """README "What the output means": its sample holds every line the quickstart prints before its first
+    step line, in order, and a step line with the fields the console prints (at a tiny size: the numbers differ)."""
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    sample = text.split('\n## What the output means\n', 1)[1].split('```\n', 1)[1].split('```', 1)[0].splitlines()
+    monkeypatch.chdir(tmp_path)
+    os.symlink(os.path.join(HERE, 'config'), 'config')
+    p = run_here(['config/quickstart.py', *TINY], data_dir, str(tmp_path / 'out'))
+    printed = p.stdout.splitlines()
+    head = printed[:printed.index(next(line for line in printed if line.startswith('step 0: val loss')))]
+    readme_head = sample[:sample.index(next(line for line in sample if line.startswith('step 0: val loss')))]
+    first = lambda lines: [' '.join(line.split()[:1 if line[0].isalpha() else 3]) for line in lines]
+    assert first(readme_head) == first(head), (readme_head, head)        # every summary line, none left out
+    fields = lambda line: re.findall(r'\| ([a-z/]+) ', line)
+    step_line = next(line for line in printed if line.startswith('step ') and '|' in line)
+    assert fields(sample[-1]) == fields(step_line) and sample[-1].endswith('(recent pace)'), (sample[-1], step_line)
+
 # The record of measurements: results/ holds the raw output of what the docs report, results/README.md
 # indexes it (what made each file: command, code, date, machine, the page that cites it)
 RESULTS = os.path.join(HERE, 'results')
