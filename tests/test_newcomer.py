@@ -115,6 +115,13 @@ def test_the_readmes_first_screen_starts_a_reader_and_its_reading_order_points_a
     assert len(text.splitlines()) <= 260
     first_screen = '\n'.join(text.splitlines()[:40])
     assert 'python train.py config/quickstart.py' in first_screen and 'minutes' in first_screen
+    # a reader offline meets the offline note before the first command that needs it
+    assert text.index('HF_HUB_OFFLINE=1') < text.index('```bash') < text.index('python prepare.py')
+    # "Three modes ... and four controls": model.py's, each named
+    from model import CONTROLS, RESIDUAL_MODES
+    assert len(CONTROLS) == 4 and len(set(RESIDUAL_MODES) - set(CONTROLS)) == 3
+    assert 'Three modes' in first_screen and 'four controls' in first_screen
+    assert all(f'`{mode}`' in first_screen for mode in RESIDUAL_MODES)
     # "name (file.py:N)": line N of file.py defines name (a def or a class; Class.method: the method)
     refs = re.findall(r'`([\w.]+)`[^`(]{0,40}\((\w+\.py):(\d+)\)', first_screen)
     assert {f for _, f, _ in refs} >= {'model.py', 'train.py', 'compare.py'}, refs
