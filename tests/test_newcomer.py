@@ -115,6 +115,13 @@ def test_the_readmes_first_screen_starts_a_reader_and_its_reading_order_points_a
     assert len(text.splitlines()) <= 260
     first_screen = '\n'.join(text.splitlines()[:40])
     assert 'python train.py config/quickstart.py' in first_screen and 'minutes' in first_screen
+    # a reader offline meets the offline note before the first command that needs it
+    assert text.index('HF_HUB_OFFLINE=1') < text.index('```bash') < text.index('python prepare.py')
+    # "Three modes ... and four controls": model.py's, each named
+    from model import CONTROLS, RESIDUAL_MODES
+    assert len(CONTROLS) == 4 and len(set(RESIDUAL_MODES) - set(CONTROLS)) == 3
+    assert 'Three modes' in first_screen and 'four controls' in first_screen
+    assert all(f'`{mode}`' in first_screen for mode in RESIDUAL_MODES)
     # "name (file.py:N)": line N of file.py defines name (a def or a class; Class.method: the method)
     refs = re.findall(r'`([\w.]+)`[^`(]{0,40}\((\w+\.py):(\d+)\)', first_screen)
     assert {f for _, f, _ in refs} >= {'model.py', 'train.py', 'compare.py'}, refs
@@ -226,6 +233,24 @@ def test_the_console_rounds_and_says_what_its_numbers_are(data_dir, tmp_path):
     assert 'The last row, sublayer 4 final, is the read after the last sublayer' in legend
     assert re.search(r"^sublayer  4 final", s.stdout, re.M)
 
+
+
+def test_the_readmes_sample_output_is_what_the_quickstart_prints(data_dir, tmp_path, monkeypatch):
+    """README "What the output means": its sample holds every line the quickstart prints before its first
+    step line, in order, and a step line with the fields the console prints (at a tiny size: the numbers differ)."""
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read()
+    sample = text.split('\n## What the output means\n', 1)[1].split('```\n', 1)[1].split('```', 1)[0].splitlines()
+    monkeypatch.chdir(tmp_path)
+    os.symlink(os.path.join(HERE, 'config'), 'config')
+    p = run_here(['config/quickstart.py', *TINY], data_dir, str(tmp_path / 'out'))
+    printed = p.stdout.splitlines()
+    head = printed[:printed.index(next(line for line in printed if line.startswith('step 0: val loss')))]
+    readme_head = sample[:sample.index(next(line for line in sample if line.startswith('step 0: val loss')))]
+    first = lambda lines: [' '.join(line.split()[:1 if line[0].isalpha() else 3]) for line in lines]
+    assert first(readme_head) == first(head), (readme_head, head)        # every summary line, none left out
+    fields = lambda line: re.findall(r'\| ([a-z/]+) ', line)
+    step_line = next(line for line in printed if line.startswith('step ') and '|' in line)
+    assert fields(sample[-1]) == fields(step_line) and sample[-1].endswith('(recent pace)'), (sample[-1], step_line)
 
 # The record of measurements: results/ holds the raw output of what the docs report, results/README.md
 # indexes it (what made each file: command, code, date, machine, the page that cites it)
