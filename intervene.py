@@ -13,6 +13,9 @@ rd_attnres (the RD-AttnRes paper: tying the two routes' pseudo-queries recovers 
                  trained weights (exactly an attnres model carrying them, tests/test_interventions.py)
     qk_as_v      the qk route reads with the v route's
 ctrl_heads (the control's answer to the same question): heads2_as_heads1, heads1_as_heads2.
+Each tie also one attention layer at a time: NAME@l (e.g. v_as_qk@3) ties layer l's read only, every other
+layer as trained (at v_as_qk@l, exactly an rd_attnres model whose layer-l read is attnres's); --json records
+with them, per tie, the sum over layers of the one-layer ΔNLL beside the all-layer ΔNLL (do the layers add up).
 Each on the run's own validation windows (its eval_tokens, the first of val.bin of the data build it trained on,
 as train.py evaluates), in float32, deterministic. ΔNLL = NLL(intervention) − NLL(as trained): what the model
 loses when its two routes are made one.
@@ -54,12 +57,15 @@ TIES = {
 }
 
 
-def tied(model, ties):
-    """A copy of model whose attention reads use, for each pseudo-query named in ties, another one's numbers."""
+def tied(model, ties, layers=None):
+    """A copy of model whose attention reads use, for each pseudo-query named in ties, another one's numbers:
+    at every layer, or at the attention layers listed in `layers` only (the others as trained)."""
     import copy
     twin = copy.deepcopy(model)
     with torch.no_grad():
-        for block in twin.transformer.h:
+        for l, block in enumerate(twin.transformer.h):
+            if layers is not None and l not in layers:
+                continue
             for name, other in ties.items():
                 getattr(block.attn_read, name).copy_(getattr(block.attn_read, other))
     return twin
@@ -81,7 +87,8 @@ def nll(model, val, eval_tokens, batch_size, device):
 
 
 def interventions(model, val, eval_tokens, batch_size, device='cpu'):
-    """{intervention: NLL} of a rd_attnres or ctrl_heads model, as_trained first."""
+    """{intervention: NLL} of a rd_attnres or ctrl_heads model, as_trained first, then each all-layer tie, then
+    each tie at one layer at a time (NAME@l, l = 0 .. n_layer - 1)."""
     mode = model.config.residual
     if mode not in TIES:
         raise SystemExit(f"a {mode} model has no two routes to tie: interventions are for "
@@ -90,6 +97,21 @@ def interventions(model, val, eval_tokens, batch_size, device='cpu'):
     out = {'as_trained': nll(model, val, eval_tokens, batch_size, device)}
     for name, ties in TIES[mode].items():
         out[name] = nll(tied(model, ties), val, eval_tokens, batch_size, device)
+    for name, ties in TIES[mode].items():
+        for l in range(model.config.n_layer):
+            out[f'{name}@{l}'] = nll(tied(model, ties, [l]), val, eval_tokens, batch_size, device)
+    return out
+
+
+def layer_sums(nlls):
+    """{tie: dict(all_layers=ΔNLL of the all-layer tie, sum_of_layers=the sum of its one-layer ΔNLLs, layers=how
+    many)} from interventions()' numbers: whether the layers' effects add up to the whole or interact."""
+    out = {}
+    for name in nlls:
+        if name == 'as_trained' or '@' in name:
+            continue
+        one = [v - nlls['as_trained'] for k, v in nlls.items() if k.split('@')[0] == name and '@' in k]
+        out[name] = dict(all_layers=nlls[name] - nlls['as_trained'], sum_of_layers=math.fsum(one), layers=len(one))
     return out
 
 
@@ -214,9 +236,13 @@ def main(argv):
           f"{whose}; float32")
     for name, value in nlls.items():
         print(f"{name:18s} NLL {value:.5f}" + ('' if name == 'as_trained' else f"   Δ {value - nlls['as_trained']:+.5f}"))
+    sums = layer_sums(nlls)
+    for name, s in sums.items():
+        print(f"{name:18s} Δ all layers at once {s['all_layers']:+.5f}, sum of its {s['layers']} one-layer Δ "
+              f"{s['sum_of_layers']:+.5f}")
     if cfg['json']:
         text = json.dumps(dict(residual=saved['residual'], seed=saved.get('seed'), data_id=data_id,
-                               eval_tokens=eval_tokens, nll=nlls, model=measured, eval=evaluated,
+                               eval_tokens=eval_tokens, nll=nlls, layer_sums=sums, model=measured, eval=evaluated,
                                **(dict(same_log_as=checked) if checked else {})), indent=1) + '\n'
         try:
             atomic_write(cfg['json'], text)

@@ -44,6 +44,58 @@ def test_tying_v_to_qk_is_exactly_the_parent_with_the_same_weights(trained, data
 
 
 @pytest.mark.slow   # (trains two models: the trained fixture)
+def test_a_one_layer_tie_is_exactly_an_attnres_read_at_that_layer_only(trained, data_dir):
+    import copy
+    from model import GPT, GPTConfig
+    _, model = trained['rd_attnres']
+    _, val, _ = prepare.read_dataset(data_dir, 'tiny')
+    nlls = intervene.interventions(model, val, 512, 8)
+    L = model.config.n_layer
+    assert L >= 2 and [k for k in nlls if '@' in k] == [f'{n}@{l}' for n in ('v_as_qk', 'qk_as_v') for l in range(L)]
+    parent = GPT(GPTConfig(**dict(vars(model.config), residual='attnres')))
+    parent.load_state_dict({k: v for k, v in model.state_dict().items() if not k.endswith('w_v')})
+    trained_state = model.state_dict()
+    for l in range(L):
+        # the hybrid: the trained rd_attnres model with its block l replaced by the parent's (attnres: one read
+        # feeds q, k and v there), every other block the trained model's own
+        hybrid = copy.deepcopy(model)
+        hybrid.transformer.h[l] = copy.deepcopy(parent.transformer.h[l])
+        assert nlls[f'v_as_qk@{l}'] == intervene.nll(hybrid.eval(), val, 512, 8, 'cpu')
+        # the tie touches layer l's read and nothing else: only its w_v (resp. w_qk) differs from the trained weights
+        for name, (edited, source) in (('v_as_qk', ('w_v', 'w_qk')), ('qk_as_v', ('w_qk', 'w_v'))):
+            twin = intervene.tied(model, intervene.TIES['rd_attnres'][name], [l]).state_dict()
+            changed = [k for k in trained_state if not torch.equal(twin[k], trained_state[k])]
+            # (layer 0's two pseudo-queries never move in training: its read has one source, no gradient reaches them)
+            assert changed == ([f'transformer.h.{l}.attn_read.{edited}'] if l else []), changed
+            key = f'transformer.h.{l}.attn_read.'
+            assert torch.equal(twin[key + edited], trained_state[key + source])
+        # by hand: layer l's qk pseudo-query copied onto its v route's
+        manual = copy.deepcopy(model)
+        with torch.no_grad():
+            manual.transformer.h[l].attn_read.w_v.copy_(manual.transformer.h[l].attn_read.w_qk)
+        assert nlls[f'v_as_qk@{l}'] == intervene.nll(manual.eval(), val, 512, 8, 'cpu')
+    # layer 0's read has one source (the embedding), which every pseudo-query reads whole: its tie changes
+    # nothing, and the all-layer tie is the tie of layers 1 .. L-1; every later layer's tie changes the model
+    for name, ties in intervene.TIES['rd_attnres'].items():
+        assert nlls[f'{name}@0'] == nlls['as_trained'], nlls
+        assert nlls[name] == intervene.nll(intervene.tied(model, ties, range(1, L)).eval(), val, 512, 8, 'cpu')
+        for l in range(1, L):
+            assert nlls[f'{name}@{l}'] != nlls['as_trained'], (name, l, nlls)
+    sums = intervene.layer_sums(nlls)
+    assert sums['v_as_qk']['layers'] == L
+    assert sums['v_as_qk']['sum_of_layers'] == pytest.approx(sum(nlls[f'v_as_qk@{l}'] - nlls['as_trained']
+                                                                 for l in range(L)), abs=1e-12)
+    assert sums['qk_as_v']['all_layers'] == nlls['qk_as_v'] - nlls['as_trained']
+    # the control's halves, one layer at a time, the same way
+    _, ctrl = trained['ctrl_heads']
+    c = intervene.interventions(ctrl, val, 512, 8)
+    for l in range(L):
+        twin = intervene.tied(ctrl, {'w_heads2': 'w_heads1'}, [l])
+        assert c[f'heads2_as_heads1@{l}'] == intervene.nll(twin.eval(), val, 512, 8, 'cpu')
+        assert (c[f'heads2_as_heads1@{l}'] == c['as_trained']) == (l == 0), (l, c)
+
+
+@pytest.mark.slow   # (trains two models: the trained fixture)
 def test_the_command_writes_what_the_study_report_reads(trained, data_dir, tmp_path):
     import shutil
     from helpers import main_here
@@ -56,6 +108,13 @@ def test_the_command_writes_what_the_study_report_reads(trained, data_dir, tmp_p
         r = json.load(open(f'{run}/interventions.json'))
         assert r['eval_tokens'] == 512 and r['model']['step'] == 12 and r['model']['final'] is True
         assert r['model']['checkpoint_sha256'] and r['eval']['windows'] == 512 // 32
+        # the one-layer ties beside the all-layer ones, and per tie the sum of its one-layer Δ beside the whole's
+        L = json.load(open(f'{run}/config.json'))['n_layer']
+        for name in intervene.TIES[mode]:
+            one = [r['nll'][f'{name}@{l}'] - r['nll']['as_trained'] for l in range(L)]
+            assert r['layer_sums'][name] == dict(all_layers=r['nll'][name] - r['nll']['as_trained'],
+                                                 sum_of_layers=pytest.approx(sum(one), abs=1e-12), layers=L)
+            assert f'{name}@{L - 1}' in p.stdout and 'sum of its' in p.stdout, p.stdout
         for seed in (1, 2):   # the same run as two seeds, the second's numbers shifted: a paired table of two
             folder = root / 'runs' / f'{mode}_s{seed}'
             os.makedirs(folder)
