@@ -15,7 +15,8 @@ namespaces, the grading tree read-only, a private /tmp and /dev/shm of 64 MB eac
 nothing else of the machine but the system's and Python's own read-only files, and an empty environment;
 run as root, the worker drops to an unprivileged user of its own before it reads anything; then, where the
 kernel has Landlock (worker_probe), it takes every write to the file system from itself, and TCP
-(course_worker.no_writes); resource limits (set by the worker on itself) on memory, CPU time, processes,
+(course_worker.no_writes), and a seccomp filter refuses it memfd and System V IPC (course_worker.no_shared_memory,
+said where it cannot); resource limits (set by the worker on itself) on memory, CPU time, processes,
 file size, and a wall clock per concept kept here; its whole process tree ends with it (a PID namespace).
 Where bubblewrap cannot start (a container without user namespaces), --sandbox uid runs the worker as a
 user of its own, as root, with the same limits and Landlock, and ends every process of that user afterwards

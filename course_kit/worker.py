@@ -15,7 +15,8 @@ A request holds the probes of one or more concepts. The worker first writes a fr
 (a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
 concepts answered, and the grader runs the later ones again. Before it reads anything, the worker sets its
 limits, becomes the user the grader names, and, where the grader found Landlock, takes every write to the file
-system from itself (no_writes): the code under test writes nowhere on disk.
+system from itself (no_writes): the code under test writes nowhere on disk; then it refuses itself memfd and System V
+IPC (no_shared_memory): no memory its limits do not count, nothing shared with a student graded beside it.
 """
 
 import contextlib
