@@ -1321,7 +1321,7 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
     tree.mkdir()
     (tree / 'course_worker.py').write_text(f"import sys\nprint('course_worker: Landlock refused: [Errno 1] no', "
                                            f"file=sys.stderr)\nsys.exit({course_worker.EX_OSERR})\n")
-    monkeypatch.setitem(course_grader._probed, '', (7, ''))
+    monkeypatch.setitem(course_grader._probed, '', (7, '', ''))
     with pytest.raises(course_grader.NoSandbox, match=r'could not take writing from itself \(course_worker: Landlock'):
         course_grader.run_worker(str(tree), b'', 1, 5, 'none')
     said = course_grader.without_landlock('Function not implemented')
