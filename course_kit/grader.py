@@ -15,7 +15,8 @@ namespaces, the grading tree read-only, a private /tmp and /dev/shm of 64 MB eac
 nothing else of the machine but the system's and Python's own read-only files, and an empty environment;
 run as root, the worker drops to an unprivileged user of its own before it reads anything; then, where the
 kernel has Landlock (worker_probe), it takes every write to the file system from itself, and TCP
-(course_worker.no_writes); resource limits (set by the worker on itself) on memory, CPU time, processes,
+(course_worker.no_writes), and a seccomp filter refuses it memfd and System V IPC (course_worker.no_shared_memory,
+said where it cannot); resource limits (set by the worker on itself) on memory, CPU time, processes,
 file size, and a wall clock per concept kept here; its whole process tree ends with it (a PID namespace).
 Where bubblewrap cannot start (a container without user namespaces), --sandbox uid runs the worker as a
 user of its own, as root, with the same limits and Landlock, and ends every process of that user afterwards
@@ -673,10 +674,18 @@ def check_sandbox(sandbox):
                                 "(as Gradescope's image does: /usr, or a venv under /autograder) with TMPDIR=/tmp")
     elif sandbox not in SANDBOXES:
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
-    abi, why = worker_probe(sandbox)
-    if sandbox == 'uid' and not abi:
-        return without_landlock(why)
-    return None
+    abi, why, ipc = worker_probe(sandbox)
+    loses = [without_landlock(why) if sandbox == 'uid' and not abi else '',
+             without_seccomp(sandbox, ipc) if sandbox != 'none' and ipc else '']
+    return '; and '.join(x for x in loses if x) or None
+
+
+def without_seccomp(sandbox, why):
+    """What `sandbox` loses where the worker's seccomp filter cannot be installed (why: the reason), in one line."""
+    ipc = (", and System V shared memory, message queues and semaphores that two students graded at once can share"
+           if sandbox == 'uid' else '')   # (bubblewrap's worker has an IPC namespace of its own)
+    return (f"--sandbox {sandbox}: seccomp cannot be used here ({shown(why, 120)}): a submission can hold memory "
+            f"its address-space limit does not count (memfd_create){ipc} (COURSE.md, \"How grading works\")")
 
 
 def without_landlock(why):
@@ -706,23 +715,34 @@ try:
         pass
 except OSError as e:
     abi, why = 0, e.strerror or str(e)
+ipc = ''
+try:
+    worker.no_shared_memory()
+    try:
+        os.close(os.memfd_create('probe'))
+        ipc = 'it refused nothing'
+    except PermissionError:
+        pass
+except OSError as e:
+    ipc = e.strerror or str(e)
 import torch, safetensors
-print(json.dumps([abi, why]))
+print(json.dumps([abi, why, ipc]))
 """
-_probed = {}   # the probing user ('': this process's) -> (ABI, why not)
+_probed = {}   # the probing user ('': this process's) -> (ABI, why not, why seccomp not)
 _probe_lock = threading.Lock()
 
 
 def worker_probe(sandbox):
-    """(Landlock's ABI, '') where the worker of `sandbox` takes writing from itself, else (0, why not); NoSandbox
-    where a process of the sandbox's kind cannot start torch. Asked once per process and sandbox."""
+    """(Landlock's ABI, '', '') where the worker of `sandbox` takes writing from itself and refuses memfd and
+    System V IPC (course_worker.no_shared_memory), else 0 and why not in the first place, why not in the second;
+    NoSandbox where a process of the sandbox's kind cannot start torch. Asked once per process and sandbox."""
     user = str(FIRST_UID - 1) if sandbox == 'uid' else ''   # (bubblewrap's worker: as this process, for Landlock)
     with _probe_lock:
         if user not in _probed:
             p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user], env={}, cwd='/',
                                capture_output=True, text=True)
             try:
-                abi, why = json.loads(p.stdout.strip().split('\n')[-1])
+                abi, why, ipc = json.loads(p.stdout.strip().split('\n')[-1])
             except (ValueError, IndexError):
                 if sandbox == 'uid':
                     raise NoSandbox(f"--sandbox uid: a user of its own cannot run this Python ({sys.executable}: "
@@ -731,7 +751,7 @@ def worker_probe(sandbox):
                                     "/autograder)") from None
                 raise NoSandbox(f"this Python cannot start torch as a sandbox's worker does ({sys.executable}: "
                                 f"{last_line(p.stderr) or p.returncode})") from None
-            _probed[user] = (int(abi), str(why))
+            _probed[user] = (int(abi), str(why), str(ipc))
         return _probed[user]
 
 

@@ -15,7 +15,8 @@ A request holds the probes of one or more concepts. The worker first writes a fr
 (a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
 concepts answered, and the grader runs the later ones again. Before it reads anything, the worker sets its
 limits, becomes the user the grader names, and, where the grader found Landlock, takes every write to the file
-system from itself (no_writes): the code under test writes nowhere on disk.
+system from itself (no_writes): the code under test writes nowhere on disk; then it refuses itself memfd and System V
+IPC (no_shared_memory): no memory its limits do not count, nothing shared with a student graded beside it.
 """
 
 import contextlib
@@ -330,6 +331,53 @@ def confine():
     no_writes()
 
 
+# -----------------------------------------------------------------------------
+# A seccomp filter (Linux 3.17 on), the worker's own, for good and for every process it starts: no memory the
+# address-space limit does not count (memfd_create, memfd_secret: a file in memory, held without being mapped) and
+# no System V IPC (shmget, shmat, msgget, semget: the uid sandbox has no IPC namespace of its own, so two
+# students graded at once would share it). Each fails with EPERM; every other system call is left alone.
+
+SECCOMP_SET_MODE_FILTER, EPERM = 1, 1
+AUDIT_ARCHES = {   # the machine -> (its AUDIT_ARCH, seccomp's number, the numbers refused)
+    'x86_64': (0xC000003E, 317, {'memfd_create': 319, 'memfd_secret': 447, 'shmget': 29, 'shmat': 30,
+                                 'msgget': 68, 'semget': 64}),
+    'aarch64': (0xC00000B7, 277, {'memfd_create': 279, 'memfd_secret': 447, 'shmget': 194, 'shmat': 196,
+                                  'msgget': 186, 'semget': 190})}
+X32 = 0x40000000   # x86_64's x32 calls: the same table with this bit set (none is needed here: all refused)
+
+
+def shared_memory_filter(arch, refused):
+    """The classic BPF program (struct sock_filter's, 8 bytes each) that refuses the calls numbered `refused`
+    with EPERM, and every call made under another architecture than `arch` (a 64-bit process can make i386's
+    calls, whose numbers differ: int 0x80); the rest allowed."""
+    def op(code, k, jt=0, jf=0):
+        return struct.pack('=HBBI', code, jt, jf, k)
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06                  # ld [k]; jeq #k; jge #k; ret #k (BPF_K)
+    ALLOW, DENY = 0x7fff0000, 0x00050000 | EPERM                # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    n = len(refused)
+    prog = [op(LD, 4), op(JEQ, arch, 1, 0), op(RET, DENY),     # seccomp_data.arch: another one refused
+            op(LD, 0), op(JGE, X32, n + 1, 0)]                  # seccomp_data.nr: x32's refused
+    prog += [op(JEQ, nr, n - i, 0) for i, nr in enumerate(sorted(refused))]
+    return b''.join(prog + [op(RET, ALLOW), op(RET, DENY)])
+
+
+def no_shared_memory():
+    """Refuse this process, and every process it starts, memfd_create, memfd_secret and System V IPC (EPERM).
+    OSError where it cannot (its strerror: why): a machine this table does not know, a kernel without seccomp,
+    or a container's filter that refuses seccomp itself."""
+    import ctypes
+    import platform
+    machine = platform.machine() if struct.calcsize('P') == 8 else 'a 32-bit Python'
+    if machine not in AUDIT_ARCHES:
+        raise OSError(0, f"no system call numbers for {machine}")
+    arch, seccomp, refused = AUDIT_ARCHES[machine]
+    prog = shared_memory_filter(arch, refused.values())
+    code = ctypes.create_string_buffer(prog, len(prog))
+    fprog = ctypes.create_string_buffer(struct.pack('@HP', len(prog) // 8, ctypes.addressof(code)))
+    libc_call('prctl', PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)   # (needed by an unprivileged process, and kept anyway)
+    syscall(seccomp, SECCOMP_SET_MODE_FILTER, 0, fprog)
+
+
 def main():
     limits = json.loads(os.environ.pop('COURSE_WORKER_LIMITS'))
     apply_limits(limits)
@@ -344,6 +392,10 @@ def main():
         except OSError as e:
             print(f"course_worker: Landlock refused: {e}", file=sys.stderr, flush=True)
             sys.exit(EX_OSERR)
+    try:
+        no_shared_memory()
+    except OSError:   # (the grader found the same and said so first: check_sandbox)
+        pass
     sys.path.insert(0, HERE)
     import torch
     torch.set_num_threads(1)

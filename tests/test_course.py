@@ -1085,8 +1085,8 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
     # grader's temporary folder on a small disk of its own: a reader of the reference and one of a neighbour's
     # tree find nothing; code that writes everywhere it might (the machine's shared temporary folders, its HOME
     # and TMPDIR, its tree), or fills its temporary folder, writes nothing (Landlock), beside honest students who
-    # keep full marks; it reaches no TCP port and no abstract Unix socket outside, and the System V IPC objects
-    # it makes go with its run; a hard link is flagged, and the honest marks are the same under both
+    # keep full marks; it reaches no TCP port and no abstract Unix socket outside, and makes no System V IPC
+    # object (seccomp), nor leaves one; a hard link is flagged, and the honest marks are the same under both
     if os.geteuid() != 0:
         pytest.skip('the uid sandbox runs as root')
     abi = course_worker.landlock_abi()
@@ -1132,7 +1132,7 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
                 assert left_by(uid, [*course_grader.SHARED_FOLDERS, disk]) == []
             assert "reached: []" in rows['caller'] or abi < 6 and "reached: ['abstract']" in rows['caller'], rows['caller']
             made_ipc, ipc_uid = re.search(r"made: (\[[^]]*\]) by (\d+)", rows['ipc']).groups()
-            assert 'mq' not in made_ipc and (sandbox == 'bubblewrap' or 'shm' in made_ipc), rows['ipc']
+            assert made_ipc == '[]', rows['ipc']   # (seccomp: no System V object made, in either sandbox)
             assert course_grader.ipc_of(int(ipc_uid)) == []
             if mounted:
                 left = [p for p, _ in course_grader.tree_of(str(disk)) if 'rd-attnres-grading-' in p
@@ -1321,7 +1321,7 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
     tree.mkdir()
     (tree / 'course_worker.py').write_text(f"import sys\nprint('course_worker: Landlock refused: [Errno 1] no', "
                                            f"file=sys.stderr)\nsys.exit({course_worker.EX_OSERR})\n")
-    monkeypatch.setitem(course_grader._probed, '', (7, ''))
+    monkeypatch.setitem(course_grader._probed, '', (7, '', ''))
     with pytest.raises(course_grader.NoSandbox, match=r'could not take writing from itself \(course_worker: Landlock'):
         course_grader.run_worker(str(tree), b'', 1, 5, 'none')
     said = course_grader.without_landlock('Function not implemented')
@@ -1329,6 +1329,145 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
     for loss in ('/tmp, /var/tmp, /dev/shm, /run/lock', '64 MB a file but not bounded in total', 'removed after its run',
                  'network connections'):
         assert loss in said, loss
+
+
+# What a process can still make once course_worker.no_shared_memory has run (and before, to show that each works
+# here): each try's errno name, or 'ok' (each System V object made is removed at once); and a process it starts
+SHARED = r"""import ctypes, errno, json, mmap, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from course_kit import worker
+libc = ctypes.CDLL(None, use_errno=True)
+
+def made(get, remove):
+    ipc_id = get()
+    if ipc_id < 0:
+        raise OSError(ctypes.get_errno(), 'refused')
+    remove(ipc_id)
+tries = {'memfd_create': lambda: os.close(os.memfd_create('held')),
+         'shmget': lambda: made(lambda: libc.shmget(0, 4096, 0o1600), lambda i: libc.shmctl(i, 0, None)),
+         'msgget': lambda: made(lambda: libc.msgget(0, 0o1600), lambda i: libc.msgctl(i, 0, None)),
+         'semget': lambda: made(lambda: libc.semget(0, 1, 0o1600), lambda i: libc.semctl(i, 0, 0)),
+         'mmap': lambda: mmap.mmap(-1, 2 ** 20).write(b'x'), 'pipe': lambda: [os.close(fd) for fd in os.pipe()]}
+
+def said():
+    out = {}
+    for what, attempt in tries.items():
+        try:
+            attempt()
+            out[what] = 'ok'
+        except OSError as e:
+            out[what] = errno.errorcode[e.errno]
+    return out
+before = said()
+worker.no_shared_memory()
+after = said()
+child = subprocess.run([sys.executable, '-I', '-S', '-c', 'import os; os.memfd_create("x")'], capture_output=True, text=True)
+print(json.dumps([before, after, child.stderr.strip().split('\n')[-1]]))
+"""
+
+
+def test_the_worker_refuses_memory_it_does_not_count_and_system_v_ipc():
+    # course_worker.no_shared_memory (seccomp, before any student code runs): memfd_create (memory the address-space
+    # limit does not count) and System V shared memory, message queues and semaphores (shared between two students
+    # graded at once in the uid sandbox) fail with EPERM, in a process it starts too; each worked before it, and
+    # what honest code needs (anonymous memory, a pipe) still works
+    p = subprocess.run([sys.executable, '-I', '-S', '-c', SHARED, HERE], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    before, after, child = json.loads(p.stdout)
+    assert set(before.values()) == {'ok'}, before
+    assert after == {'memfd_create': 'EPERM', 'shmget': 'EPERM', 'msgget': 'EPERM', 'semget': 'EPERM',
+                     'mmap': 'ok', 'pipe': 'ok'}, after
+    assert child == 'PermissionError: [Errno 1] Operation not permitted', child
+
+
+def test_the_filter_refuses_another_architectures_calls():
+    # the filter checks seccomp_data.arch first: a call made under another architecture (i386's int 0x80 from a
+    # 64-bit process, whose numbers differ) is refused whatever its number, and x86_64's x32 calls too; the calls
+    # it names are refused, others allowed. Run in a classic BPF interpreter of this test's own, on the program
+    # as packed (each instruction: code, jt, jf, k)
+    import struct
+    arch, _, refused = course_worker.AUDIT_ARCHES['x86_64']
+    prog = course_worker.shared_memory_filter(arch, refused.values())
+    ops = [struct.unpack('=HBBI', prog[i:i + 8]) for i in range(0, len(prog), 8)]
+
+    def run(nr, call_arch):
+        data, pc, a = struct.pack('=iI', nr, call_arch), 0, 0
+        while True:
+            code, jt, jf, k = ops[pc]
+            pc += 1
+            if code == 0x20:
+                a = struct.unpack('=I', data[k:k + 4])[0]
+            elif code in (0x15, 0x35):
+                pc += jt if (a == k if code == 0x15 else a >= k) else jf
+            elif code == 0x06:
+                return 'allow' if k == 0x7fff0000 else 'EPERM' if k == 0x00050001 else hex(k)
+            else:
+                raise AssertionError(f'unknown instruction {code:#x}')
+    for name, nr in refused.items():
+        assert run(nr, arch) == 'EPERM', name
+    for nr in (0, 1, 9, 56, 57, 59, 231, 444):   # read, write, mmap, clone, fork, execve, exit_group, landlock
+        assert run(nr, arch) == 'allow', nr
+    assert run(356, 0x40000003) == run(3, 0x40000003) == 'EPERM'   # i386: memfd_create, and read itself
+    assert run(course_worker.X32 | 319, arch) == run(course_worker.X32 | 0, arch) == 'EPERM'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
+def test_a_student_who_holds_memory_or_ipc_is_told_and_the_class_is_unchanged(handouts, tmp_path, reachable, sandbox):
+    # graded (--jobs 2, from a kit only root can read) beside honest students: a student who makes memfd files of
+    # memory the limits do not count, and one who makes System V shared memory for a neighbour to read, are
+    # refused at the call (the feedback names the error and the line), and nothing is said at the start (seccomp
+    # works here); the honest keep every mark
+    import shutil
+    if sandbox == 'uid' and os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
+        pytest.skip('bubblewrap is not installed here')
+    attacks = {
+        'memfd': """    import os
+    fds = [os.memfd_create('held%%d' %% i) for i in range(4)]
+    for fd in fds:
+        os.write(fd, b'x' * 2 ** 20)
+    raise RuntimeError('held: %%d MB' %% len(fds))
+""",
+        'shm': """    import ctypes
+    got = ctypes.CDLL(None, use_errno=True).shmget(0x5eed, 4096, 0o1000 | 0o666)
+    raise RuntimeError('shmget: %%d errno %%d' %% (got, ctypes.get_errno()))
+"""}
+    out, base = tmp_path / 'out', tmp_path / 'class'   # (the class where only root can read it; TMPDIR reachable)
+    base.mkdir()
+    root = hostile_class(handouts, base, out, attacks, file_attacks=(), names=False, links=False, pairs=False)
+    kit = kit_copy(str(private_folder(tmp_path)))
+    p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out', str(out),
+                        '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TMPDIR=str(reachable)))
+    assert 'note:' not in p.stdout.split('\nassignment 5')[0], p.stdout[:3000]
+    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    for name in ('good', 'zz_victim'):
+        assert rows.get(name, '').rstrip().endswith('score: 6/6'), (p.stdout[-3000:], p.stderr[-3000:])
+    memfd = rows['memfd']
+    assert 'PermissionError: [Errno 1] Operation not permitted' in memfd and 'memfd_create' in memfd, memfd
+    assert 'held: ' not in memfd and not memfd.rstrip().endswith('score: 6/6'), memfd
+    assert 'shmget: -1 errno 1' in rows['shm'] and not rows['shm'].rstrip().endswith('score: 6/6'), rows['shm']
+    assert 0x5eed not in [int(line.split()[0]) for line in open('/proc/sysvipc/shm').readlines()[1:] if line.strip()]
+
+
+def test_without_seccomp_the_grader_says_what_each_sandbox_loses(monkeypatch):
+    # where the worker's filter cannot be installed (the probe says why), grading says so first, in one line with
+    # what is lost: memfd memory in both sandboxes, System V IPC too in the uid sandbox (bubblewrap's worker has an
+    # IPC namespace of its own), after Landlock's loss where that is missing too; a trusted grading says nothing
+    for sandbox in ('bubblewrap', 'uid'):
+        said = course_grader.without_seccomp(sandbox, 'Invalid argument')
+        assert '\n' not in said and said.startswith(f'--sandbox {sandbox}: seccomp cannot be used here (Invalid argument)')
+        assert 'memfd_create' in said and ('System V' in said) == (sandbox == 'uid'), said
+    monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (0, 'Function not implemented', 'Invalid argument'))
+    monkeypatch.setattr(course_grader, 'closed_to_others', lambda path: None)
+    both = course_grader.check_sandbox('uid')
+    assert both == (f"{course_grader.without_landlock('Function not implemented')}; and "
+                    f"{course_grader.without_seccomp('uid', 'Invalid argument')}")
+    assert course_grader.check_sandbox('none') is None
+    monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (7, '', ''))
+    assert course_grader.check_sandbox('uid') is None and course_grader.check_sandbox('none') is None
 
 
 def private_folder(tmp_path):
