@@ -3,33 +3,34 @@ The GPU check: one command that measures, on the machine it runs on, what the pr
 runs, and fails where a claim does not hold. It fits the window a GPU is lent for (--budget), and it cannot
 pass what it did not check. Offline: its data is made from this repository's own bytes.
 
-    python scripts/gpu_check.py                       # every visible GPU, within 10 minutes (--budget)
-    python scripts/gpu_check.py --budget 25           # room for the benches too (predicted: docs/gpus.md)
-    python scripts/gpu_check.py --only train,eager    # some of the checks
+    python scripts/gpu_check.py                       # bench_343m then train, every visible GPU, within 9 minutes
+    python scripts/gpu_check.py --only train,eager,resume,checkpoint --budget 12   # the rest, a second lease
+    python scripts/gpu_check.py --only bench_120m     # all nine modes at 120m
     python scripts/gpu_check.py --steps 12 --shape 120m   # a shorter, smaller train path
     python scripts/gpu_check.py --preflight           # only the preflight: what this machine lacks
     python scripts/gpu_check.py --tiny                # the plumbing, at a tiny shape on the CPU (CI): no verdict
 
 First a preflight (seconds): torch and CUDA, the packages, a C compiler and Python's headers (Triton builds
 its kernels with them), free disk for the checkpoints, the data. Each missing piece is one line saying what
-to do, and the checks that need it are skipped, named. Then the checks, in order of value; each one's result
+to do, and the checks that need it are skipped, named. Then the checks, in the order a user asks them (the
+default plan: bench_343m, then train; the rest named with the command of a second lease); each one's result
 is written to OUT/gpu_check.{json,md} as it ends, and the running child's output goes straight to its file
 (OUT/<run>.out), so a run cut short keeps what it saw:
+  bench_343m  bench.py at 343m, micro-batch 16: standard and rd_attnres, plain and two-phase read, compiled;
+              peak memory, graphs per mode asserted, and the verdict: which read the paper configs should use
   train       train.py at the rd_343m shape (--shape), compiled, under torchrun on every GPU, also on one
               (--nproc_per_node=1: NCCL, DDP and compile-with-DDP's graph splitting run as in the paper's runs),
               gradient accumulation of 2 micro-steps: the graphs dynamo compiled, asserted (train and eval: one
               each for the whole model, 2 + one per pattern of sublayers for the two-phase read; none means it
               ran eager, and fails); the depth reads in float32 under bf16 (their dtypes recorded on the device);
               the ranks' parameters equal at the last step (train.py checks it at every checkpoint); step time,
-              tokens/s and MFU
+              tokens/s and MFU; no checkpoint file (the checkpoint check measures saving)
   eager       the same run eager: its training losses and its evaluation losses (the compiled evaluation graph
               produces val_loss) within LOSS_TOL of the compiled run's at every logged step, the same windows
   resume      the eager run again, SIGTERM at a log step, then --init_from=auto: the same data order (the
               windows' fingerprints, exactly) and losses within LOSS_TOL of the uninterrupted eager run
   checkpoint  the save of a checkpoint of the shape (model + AdamW, from the device): its size, seconds, the
               host memory it takes above what the built model holds, its load; the preemption lead time
-  bench_343m  bench.py at 343m, micro-batch 16: standard and rd_attnres, plain and two-phase read, compiled;
-              peak memory, graphs per mode asserted, and the verdict: which read the paper configs should use
   bench_120m  bench.py, all nine modes compiled in one process at 120m (the longest: last, or --only)
 
 Before each check its predicted time is set against what is left of the budget: a check that would not fit is
