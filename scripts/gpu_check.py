@@ -3,33 +3,34 @@ The GPU check: one command that measures, on the machine it runs on, what the pr
 runs, and fails where a claim does not hold. It fits the window a GPU is lent for (--budget), and it cannot
 pass what it did not check. Offline: its data is made from this repository's own bytes.
 
-    python scripts/gpu_check.py                       # every visible GPU, within 10 minutes (--budget)
-    python scripts/gpu_check.py --budget 25           # room for the benches too (predicted: docs/gpus.md)
-    python scripts/gpu_check.py --only train,eager    # some of the checks
+    python scripts/gpu_check.py                       # bench_343m then train, every visible GPU, within 9 minutes
+    python scripts/gpu_check.py --only train,eager,resume,checkpoint --budget 12   # the rest, a second lease
+    python scripts/gpu_check.py --only bench_120m     # all nine modes at 120m
     python scripts/gpu_check.py --steps 12 --shape 120m   # a shorter, smaller train path
     python scripts/gpu_check.py --preflight           # only the preflight: what this machine lacks
     python scripts/gpu_check.py --tiny                # the plumbing, at a tiny shape on the CPU (CI): no verdict
 
 First a preflight (seconds): torch and CUDA, the packages, a C compiler and Python's headers (Triton builds
 its kernels with them), free disk for the checkpoints, the data. Each missing piece is one line saying what
-to do, and the checks that need it are skipped, named. Then the checks, in order of value; each one's result
+to do, and the checks that need it are skipped, named. Then the checks, in the order a user asks them (the
+default plan: bench_343m, then train; the rest named with the command of a second lease); each one's result
 is written to OUT/gpu_check.{json,md} as it ends, and the running child's output goes straight to its file
 (OUT/<run>.out), so a run cut short keeps what it saw:
+  bench_343m  bench.py at 343m, micro-batch 16: standard and rd_attnres, plain and two-phase read, compiled;
+              peak memory, graphs per mode asserted, and the verdict: which read the paper configs should use
   train       train.py at the rd_343m shape (--shape), compiled, under torchrun on every GPU, also on one
               (--nproc_per_node=1: NCCL, DDP and compile-with-DDP's graph splitting run as in the paper's runs),
               gradient accumulation of 2 micro-steps: the graphs dynamo compiled, asserted (train and eval: one
               each for the whole model, 2 + one per pattern of sublayers for the two-phase read; none means it
               ran eager, and fails); the depth reads in float32 under bf16 (their dtypes recorded on the device);
               the ranks' parameters equal at the last step (train.py checks it at every checkpoint); step time,
-              tokens/s and MFU
+              tokens/s and MFU; no checkpoint file (the checkpoint check measures saving)
   eager       the same run eager: its training losses and its evaluation losses (the compiled evaluation graph
               produces val_loss) within LOSS_TOL of the compiled run's at every logged step, the same windows
   resume      the eager run again, SIGTERM at a log step, then --init_from=auto: the same data order (the
               windows' fingerprints, exactly) and losses within LOSS_TOL of the uninterrupted eager run
   checkpoint  the save of a checkpoint of the shape (model + AdamW, from the device): its size, seconds, the
               host memory it takes above what the built model holds, its load; the preemption lead time
-  bench_343m  bench.py at 343m, micro-batch 16: standard and rd_attnres, plain and two-phase read, compiled;
-              peak memory, graphs per mode asserted, and the verdict: which read the paper configs should use
   bench_120m  bench.py, all nine modes compiled in one process at 120m (the longest: last, or --only)
 
 Before each check its predicted time is set against what is left of the budget: a check that would not fit is
@@ -72,15 +73,19 @@ SHAPES = {   # the paper's two shapes, and the tiny one of --tiny
     'tiny': ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--attnres_block_size=2'],
 }
 ALL_MODES = 'standard,attnres,rd_attnres,attnres+two_phase,rd_attnres+two_phase,ctrl_params,ctrl_dup,ctrl_fixed_v,ctrl_heads'
-CHECKS = ('train', 'eager', 'resume', 'checkpoint', 'bench_343m', 'bench_120m')
+CHECKS = ('bench_343m', 'train', 'eager', 'resume', 'checkpoint', 'bench_120m')   # in the order they run
+DEFAULT_PLAN = ('bench_343m', 'train')   # what a user asks first; the rest: SECOND_LEASE
+SECOND_LEASE = "python scripts/gpu_check.py --only train,eager,resume,checkpoint --budget 12"   # (eager needs train's run)
+BENCH_343M_MODES = 'standard,rd_attnres,rd_attnres+two_phase'   # interleaved in one process
 
-# Predicted seconds of each check: (fixed, per training step). GPU: one H200 at the default shapes, a
-# prediction (docs/gpus.md, "Predicted time per check"), to be replaced by what gpu_check.json measures.
-# tiny: about 1.5x what the CPU plumbing run measured (docs/gpus.md), so that a loaded CI machine does not flake.
+# Predicted seconds of each check, its cold compile included: (fixed, per training step). GPU: set from what
+# one H200 measured (PLANNED_FROM; docs/gpus.md, "Measured" and "The GPU check"). tiny: about 1.5x what the
+# CPU plumbing run measured (docs/gpus.md), so that a loaded CI machine does not flake.
+PLANNED_FROM = 'one NVIDIA H200, torch 2.11.0+cu130, 2026-12-04'
 PREDICTED = {
-    'gpu': dict(train=(300, 0.5), eager=(40, 0.7), resume=(75, 1.0), checkpoint=(60, 0), bench_343m=(420, 0),
-                bench_120m=(720, 0)),
-    'tiny': dict(train=(20, 0.3), eager=(15, 0.3), resume=(30, 0.6), checkpoint=(10, 0), bench_343m=(25, 0),
+    'gpu': dict(bench_343m=(400, 0), train=(425, 0.27), eager=(60, 0.6), resume=(90, 1.2), checkpoint=(60, 0),
+                bench_120m=(900, 0)),
+    'tiny': dict(bench_343m=(25, 0), train=(20, 0.3), eager=(15, 0.3), resume=(30, 0.6), checkpoint=(10, 0),
                  bench_120m=(40, 0)),
 }
 STOP_MARGIN = dict(gpu=30, tiny=5)   # seconds kept at the budget's end: stopping the running child (> GRACE), the table
@@ -238,7 +243,8 @@ class Check:
         dynamo compiles) through torchrun on self.world processes, gradient accumulation of 2 micro-steps."""
         T = int(SHAPES[self.shape][3].split('=')[1])
         launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={self.world}']
-        return [*launcher, os.path.abspath(__file__), '--train_child', out_dir + '.graphs', self.backend,
+        save = 'save' if os.path.basename(out_dir) == 'resume' else 'nosave'   # (the checkpoint check measures saving)
+        return [*launcher, os.path.abspath(__file__), '--train_child', out_dir + '.graphs', self.backend, save,
                 os.path.join(HERE, 'config', 'rd_343m.py'), *SHAPES[self.shape],
                 f'--batch_size={self.batch}', f'--total_batch_size={self.batch * T * self.world * 2}',
                 f'--max_iters={self.steps}', f'--lr_decay_iters={self.steps}', '--warmup_iters=4',
@@ -324,16 +330,20 @@ def remove_checkpoints(out_dir):
 # -----------------------------------------------------------------------------
 # The training child: train.py under torchrun, with dynamo's graphs counted
 
-def train_child(stats_path, backend, argv):
+def train_child(stats_path, backend, save, argv):
     """train.py's main(argv) in this process (a torchrun worker), torch.compile given a backend that counts the
     graphs handed to it, and dynamo's own count of the graphs it captured. Writes stats_path.rank<R>.json:
-    the graphs, the graph breaks, and what the model was wrapped in (DDP, its process group's backend)."""
+    the graphs, the graph breaks, and what the model was wrapped in (DDP, its process group's backend).
+    Unless save, no checkpoint file is written (4.24 GB at 343m, with its copy to the host); the ranks still
+    compare their parameters at the last step, as before every save."""
     import torch
     import torch._dynamo
     from torch._dynamo import lookup_backend
     from torch._dynamo.utils import counters
     import train
-    from run_kit import run_control   # (train.py wraps the model in DDP through run_control.wrap_ddp)
+    from run_kit import run_control, run_dir   # (train.py wraps the model in DDP through run_control.wrap_ddp)
+    if not save:
+        run_dir.save_checkpoint = lambda state, path: None
     calls = [0]
 
     def counting(gm, example_inputs):   # under DDP, once per bucket of the split graph
@@ -637,7 +647,7 @@ def bench(c, shape, modes, rounds):
 
 
 def check_bench_343m(c):
-    rows = bench(c, '343m', 'standard,rd_attnres,rd_attnres+two_phase', 1 if c.tiny else 3)
+    rows = bench(c, '343m', BENCH_343M_MODES, 1 if c.tiny else 3)
     if c.tiny:   # CPU timings of a tiny model say nothing about which read a GPU should use
         return dict(modes=rows, verdict=None)
     two_phase = rows['rd_attnres+two_phase']['x_plain']
@@ -649,6 +659,83 @@ def check_bench_343m(c):
 
 def check_bench_120m(c):
     return dict(modes=bench(c, '120m', ALL_MODES, 1 if c.tiny else 3))
+
+
+# -----------------------------------------------------------------------------
+# What a check that did not end (cut, failed, interrupted) had measured: every number its output holds
+
+RUN_OF = dict(train='train_compiled', eager='train_eager', resume='resume')
+
+
+def lines_that_parse(path):
+    """The JSON rows of a file a killed child may have left half-written: the whole lines only."""
+    rows = []
+    try:
+        with open(path, errors='replace') as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def numbers_so_far(c, name):
+    """The numbers in what a check's child wrote before it ended: for a training run its log's rows (the last
+    step, median step seconds after the first interval, tokens/s, MFU, the last losses, and the first interval's
+    seconds: the cold compile); for a bench the modes its JSON lines hold. {} when there are none."""
+    if name in RUN_OF:
+        rows = [r for r in lines_that_parse(os.path.join(c.out, RUN_OF[name], LOG)) if isinstance(r.get('step'), int)]
+        train = [r for r in rows if isinstance(r.get('train_loss'), (int, float))]
+        val = [r for r in rows if isinstance(r.get('val_loss'), (int, float))]
+        out = {}
+        if train:
+            first, timed = train[0], [r for r in train[1:] if isinstance(r.get('dt'), (int, float))]
+            out.update(last_step=train[-1]['step'], loss=train[-1]['train_loss'])
+            if isinstance(first.get('dt'), (int, float)):   # (the first interval holds the compile)
+                out['first_interval_s'] = first['dt'] * first['step']
+            if timed:
+                out['step_s'] = sorted(r['dt'] for r in timed)[len(timed) // 2]
+                out['tok_per_s'] = timed[-1].get('tok_per_s')
+                mfu = [r['mfu'] for r in timed if isinstance(r.get('mfu'), (int, float))]
+                out['mfu'] = mfu[-1] if mfu else None
+        if val:
+            out.update(val_loss=val[-1]['val_loss'], val_step=val[-1]['step'])
+        return out
+    if name.startswith('bench_'):
+        modes = {r['mode']: dict(step_ms=r.get('step_ms'), mfu=r.get('mfu'), first_step_s=r.get('first_step_s'),
+                                 x_standard=r.get('time_vs_standard'))
+                 for r in lines_that_parse(os.path.join(c.out, f'{name}.jsonl')) if isinstance(r.get('mode'), str)}
+        return dict(modes=modes) if modes else {}
+    return {}
+
+
+def numbers_line(n):
+    """numbers_so_far's numbers in one table cell."""
+    f = lambda v, fmt: '-' if not isinstance(v, (int, float)) else format(v, fmt)  # noqa: E731
+    if 'modes' in n:
+        return '; '.join(f"{escape(mode)}: {f(v['step_ms'], '.0f')} ms, MFU {f(v['mfu'] and 100 * v['mfu'], '.1f')}%, "
+                         f"first step {f(v['first_step_s'], '.1f')} s" for mode, v in n['modes'].items())
+    parts = []
+    if 'last_step' in n:
+        parts.append(f"reached step {n['last_step']}, loss {f(n['loss'], '.4f')}")
+    if 'first_interval_s' in n:
+        parts.append(f"first interval (the compile) {f(n['first_interval_s'], '.0f')} s")
+    if 'step_s' in n:
+        parts.append(f"step {f(n['step_s'], '.3f')} s, {f(n.get('tok_per_s'), ',.0f')} tok/s, "
+                     f"MFU {f(n.get('mfu') and 100 * n['mfu'], '.1f')}%")
+    if 'val_loss' in n:
+        parts.append(f"val loss {f(n['val_loss'], '.4f')} at step {n['val_step']}")
+    return '; '.join(parts)
+
+
+def escape(text):
+    """A name from a child's file, safe in a markdown table cell and a terminal."""
+    return ''.join(ch if ch.isprintable() and ch != '|' else '?' for ch in str(text))[:80]
 
 
 # -----------------------------------------------------------------------------
@@ -835,10 +922,16 @@ def markdown(results):
     for name in CHECKS:
         r = checks.get(name)
         if r is None:
+            if results.get('asked') is not None and name not in results['asked']:   # (the rest, for a second lease)
+                out.append(f"| {name} | not in this plan | a second lease: `{second_lease(name)}` |")
             continue
         status = r.get('status', 'ok')
-        if status != 'ok':
+        if status == 'left' or (status == 'skipped' and not r.get('numbers')):
             out.append(f"| {name} | **{status}** | {r.get('why', '')} |")
+        elif status != 'ok':   # (cut, failed, interrupted: what its output held, then why)
+            so_far = numbers_line(r.get('numbers') or {})
+            out.append(f"| {name} | **{status}** | " + (f"measured before it ended: {so_far}; " if so_far else '')
+                       + f"{r.get('why', '')} |")
         elif name == 'train':
             out.append(f"| train | ok | {r['launcher']} (DDP, {r['ddp']}) x {r['grad_accum']} micro-steps, {r['steps']} "
                        f"steps, compiled (backend {r['backend']}, {r['depth_read']} read): {r['graphs']} graphs as designed "
@@ -866,6 +959,17 @@ def markdown(results):
     return '\n'.join(out) + '\n'
 
 
+def second_lease(name):
+    """The command that runs a check the default plan leaves out (eager and resume need train's run first)."""
+    return SECOND_LEASE if name in ('eager', 'resume', 'checkpoint') else f"python scripts/gpu_check.py --only {name}"
+
+
+def predicted_line(results):
+    """The --predicted flag this run's own measured seconds give (the checks that ran to their end)."""
+    done = [(n, r['seconds']) for n, r in results['checks'].items() if r.get('status', 'ok') == 'ok' and 'seconds' in r]
+    return '--predicted ' + ','.join(f"{n}={s:.0f}" for n, s in done) if done else ''
+
+
 def summary(results, asked):
     """The last line, and the exit status: 0 every check asked for passed, 1 one failed or was cut, 2 the ones
     that ran passed but others did not run."""
@@ -886,8 +990,9 @@ def parse_args(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--tiny', action='store_true', help='the tiny shape on the CPU: the plumbing (CI), no verdict')
     ap.add_argument('--out', default='gpu_check', help='where the runs, gpu_check.json and gpu_check.md go')
-    ap.add_argument('--only', default=','.join(CHECKS), help=f"some of: {', '.join(CHECKS)} (run in this order)")
-    ap.add_argument('--budget', type=float, default=10.0, help='minutes: the checks that fit, then stop (default 10)')
+    ap.add_argument('--only', default=','.join(DEFAULT_PLAN), help=f"some of: {', '.join(CHECKS)} (run in this order; "
+                    f"default {','.join(DEFAULT_PLAN)})")
+    ap.add_argument('--budget', type=float, default=9.0, help='minutes: the checks that fit, then stop (default 9)')
     ap.add_argument('--preflight', action='store_true', help='only the preflight')
     ap.add_argument('--read_gap', action='store_true', help="only measure what LOSS_TOL must pass and catch (read_gap)")
     ap.add_argument('--shape', default='343m', choices=('343m', '120m'), help='of train, eager, resume, checkpoint')
@@ -905,7 +1010,7 @@ def parse_args(argv):
 
 def main(argv):
     if argv[:1] == ['--train_child']:   # (a torchrun worker: see train_child)
-        return train_child(argv[1], argv[2], argv[3:])
+        return train_child(argv[1], argv[2], argv[3] == 'save', argv[4:])
     args = parse_args(argv)
     if args.read_gap:
         import torch
@@ -929,6 +1034,7 @@ def main(argv):
         items.append(dict(piece='data', ok=False, line=f"data: could not be made in {c.out}/data ({type(e).__name__}: "
                           f"{e}): --out on a writable disk", needed_by=['train', 'eager', 'resume']))
     c.results['preflight'] = items
+    c.results['asked'] = asked
     print('preflight:', *[('  ' if p['ok'] else '  MISSING ' if p['ok'] is False else '  NOTE ') + p['line']
                           for p in items], sep='\n', flush=True)
     stopped = blocked(items)
@@ -938,6 +1044,7 @@ def main(argv):
     todo = [n for n in asked if n not in stopped]
     planned, left = plan(todo, {n: c.predicted(n) for n in todo}, c.deadline - time.time())
     print(f"budget {args.budget:g} min: " + ', '.join(f"{n} ~{c.predicted(n):.0f} s" for n in planned)
+          + (f" (predicted from {PLANNED_FROM}, cold compiles included)" if not c.tiny else '')
           + (f"; left out (predicted not to fit): {', '.join(left)}" if left else ''), flush=True)
     if args.preflight:
         c.save()
@@ -969,6 +1076,8 @@ def main(argv):
             except OutOfTime:
                 c.results['checks'][name] = dict(status='cut', why=f"stopped at the budget's end after "
                                                  f"{time.time() - t0:.0f} s; its output so far is in {c.out}")
+            if c.results['checks'][name].get('status') in ('cut', 'failed'):
+                c.results['checks'][name]['numbers'] = numbers_so_far(c, name)
             c.results['checks'][name]['seconds'] = time.time() - t0
             remove_weights(c)
             c.save()
@@ -977,7 +1086,7 @@ def main(argv):
     except (KeyboardInterrupt, Interrupted) as e:
         if current:
             c.results['checks'][current] = dict(status='interrupted', why=f"{type(e).__name__} {e}: its output so "
-                                                f"far is in {c.out}")
+                                                f"far is in {c.out}", numbers=numbers_so_far(c, current))
     finally:
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):   # (a second signal does not cut the cleanup short)
             signal.signal(s, signal.SIG_IGN)
@@ -987,6 +1096,8 @@ def main(argv):
         c.save()
     line, code = summary(c.results, asked)
     print(markdown(c.results))
+    if predicted_line(c.results):
+        print(f"this machine's seconds, to plan the next run with: {predicted_line(c.results)}")
     print(f"{os.path.join(c.out, 'gpu_check.json')}, {os.path.join(c.out, 'gpu_check.md')}: {line}")
     return code
 

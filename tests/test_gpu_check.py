@@ -30,17 +30,67 @@ def check_of(argv, gpus=1):
 
 def test_the_plan_takes_the_checks_that_fit_in_order_and_names_the_rest():
     predicted = dict(train=300, eager=60, resume=90, checkpoint=60, bench_343m=420, bench_120m=720)
-    assert gpu_check.plan(gpu_check.CHECKS, predicted, 510) == (['train', 'eager', 'resume', 'checkpoint'],
-                                                                ['bench_343m', 'bench_120m'])
+    assert gpu_check.plan(gpu_check.CHECKS, predicted, 930) == (['bench_343m', 'train', 'eager', 'resume', 'checkpoint'],
+                                                                ['bench_120m'])
     # one that does not fit is left, and a cheaper one after it still runs
-    assert gpu_check.plan(gpu_check.CHECKS, predicted, 400) == (['train', 'eager'],
-                                                                ['resume', 'checkpoint', 'bench_343m', 'bench_120m'])
+    assert gpu_check.plan(gpu_check.CHECKS, predicted, 500) == (['bench_343m', 'eager'],
+                                                                ['train', 'resume', 'checkpoint', 'bench_120m'])
     assert gpu_check.plan(['train', 'resume', 'checkpoint'], predicted, 370) == (['train', 'checkpoint'], ['resume'])
     assert gpu_check.plan(gpu_check.CHECKS, predicted, 10) == ([], list(gpu_check.CHECKS))
     # the predictions scale with the steps; --predicted replaces them
     c = check_of(['--steps', '100'])
-    assert c.predicted('train') == 300 + 0.5 * 100
+    fixed, per_step = gpu_check.PREDICTED['gpu']['train']
+    assert c.predicted('train') == fixed + per_step * 100
     assert check_of(['--predicted', 'train=42,eager=7']).predicted('train') == 42
+
+
+def test_the_default_plan_is_the_bench_first_then_train_and_names_the_rest_with_their_command():
+    args = gpu_check.parse_args([])
+    assert args.only.split(',') == ['bench_343m', 'train'] and args.budget == 9
+    # the bench is one process, its modes interleaved: standard and rd_attnres with each depth read
+    assert gpu_check.BENCH_343M_MODES.split(',') == ['standard', 'rd_attnres', 'rd_attnres+two_phase']
+    # planned from the measured seconds: the bench, first, fits a 9-minute budget by itself
+    c = check_of([])
+    run, left = gpu_check.plan(list(gpu_check.DEFAULT_PLAN), {n: c.predicted(n) for n in gpu_check.DEFAULT_PLAN},
+                               9 * 60 - gpu_check.STOP_MARGIN['gpu'])
+    assert run[0] == 'bench_343m', (run, left)
+    results = results_with(dict(bench_343m=dict(status='left', why='the budget')))
+    results['asked'] = list(gpu_check.DEFAULT_PLAN)
+    table = gpu_check.markdown(results)
+    for name in ('eager', 'resume', 'checkpoint', 'bench_120m'):   # named, with the command of a second lease
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert 'not in this plan' in row and '--only ' in row and name in row.split('--only ')[1], row
+    assert '| train |' not in table   # (asked: its own row once it has a result, not a second lease's)
+
+
+def test_a_cut_check_reports_every_number_its_output_holds(tmp_path):
+    c = check_of(['--out', str(tmp_path)])
+    run = tmp_path / 'train_compiled'
+    run.mkdir()
+    rows = [dict(step=0, val_loss=10.65), dict(step=4, train_loss=9.3, dt=71.7, tok_per_s=457, mfu=None),
+            dict(step=8, train_loss=5.39, dt=0.270, tok_per_s=121249, mfu=0.298),
+            dict(step=12, train_loss=4.35, dt=0.272, tok_per_s=120593, mfu=0.296),
+            dict(step=16, train_loss=3.89, dt=0.265, tok_per_s=123556, mfu=0.303),
+            dict(step=24, val_loss=3.63)]
+    # the child killed while writing a line: the whole lines still count, the torn one does not
+    (run / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 28, "train_lo')
+    n = gpu_check.numbers_so_far(c, 'train')
+    assert n['last_step'] == 16 and n['loss'] == 3.89 and n['step_s'] == 0.270 and n['mfu'] == 0.303
+    assert n['first_interval_s'] == 71.7 * 4 and n['val_loss'] == 3.63 and n['val_step'] == 24
+    table = gpu_check.markdown(results_with(dict(train=dict(status='cut', why="stopped at the budget's end",
+                                                            numbers=n))))
+    row = next(line for line in table.splitlines() if line.startswith('| train |'))
+    assert '**cut**' in row and 'step 0.270 s' in row and 'MFU 30.3%' in row and 'val loss 3.6300' in row, row
+    assert 'the compile) 287 s' in row, row
+    # a bench cut after some modes: those modes' numbers, the names escaped
+    (tmp_path / 'bench_343m.jsonl').write_text(json.dumps(dict(mode='standard|x', step_ms=87.1, mfu=0.461,
+                                                               first_step_s=48.2, time_vs_standard=1.0)) + '\n')
+    b = gpu_check.numbers_so_far(c, 'bench_343m')
+    assert b['modes']['standard|x']['step_ms'] == 87.1
+    line = gpu_check.numbers_line(b)
+    assert '87 ms' in line and 'first step 48.2 s' in line and '|' not in line, line
+    # nothing written yet: no numbers, and the row says only why
+    assert gpu_check.numbers_so_far(c, 'eager') == {} and gpu_check.numbers_so_far(c, 'bench_120m') == {}
 
 
 def test_every_training_run_goes_through_torchrun_even_on_one_gpu():
@@ -49,6 +99,7 @@ def test_every_training_run_goes_through_torchrun_even_on_one_gpu():
     assert args[:5] == [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1'], args
     assert '--compile=True' in args and '--dtype=bfloat16' in args and '--device=cuda' in args
     assert args[5:8] == [gpu_check.__file__, '--train_child', '/tmp/x/train_compiled.graphs']   # graphs counted
+    assert args[9] == 'nosave' and c.train_args('/tmp/x/resume', False)[9] == 'save'   # only resume needs its file
     assert check_of([], gpus=8).train_args('/tmp/x', False)[4] == '--nproc_per_node=8'
     assert check_of(['--tiny']).train_args('/tmp/x', False)[4] == '--nproc_per_node=2'
     # shapes, steps and the micro-batch are the flags'
@@ -186,7 +237,7 @@ def processes_naming(text):
 @pytest.mark.slow
 def test_the_gpu_check_runs_every_check_at_a_tiny_shape(tmp_path):
     out = tmp_path / 'gpu_check'
-    p = gpu_check_run(out, '--budget', '30')
+    p = gpu_check_run(out, '--budget', '30', '--only', ','.join(gpu_check.CHECKS))
     assert p.returncode == 0 and 'passed: ' + ', '.join(gpu_check.CHECKS) in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     checks = json.load(open(out / 'gpu_check.json'))['checks']
     assert sorted(checks) == sorted(gpu_check.CHECKS) and all(r.get('status', 'ok') == 'ok' for r in checks.values())
@@ -212,8 +263,8 @@ def test_the_preflight_of_a_machine_without_a_compiler_skips_the_compiled_checks
     # PATH without gcc or cc; --backend inductor, as on a GPU: one line, and the checks that compile skipped, named
     empty = tmp_path / 'bin'
     empty.mkdir()
-    p = subprocess.run([sys.executable, SCRIPT, '--tiny', '--backend', 'inductor', '--preflight', '--out',
-                        str(tmp_path / 'g')], capture_output=True, text=True, cwd=HERE, timeout=300,
+    p = subprocess.run([sys.executable, SCRIPT, '--tiny', '--backend', 'inductor', '--preflight', '--budget', '10',
+                        '--only', ','.join(gpu_check.CHECKS), '--out', str(tmp_path / 'g')], capture_output=True, text=True, cwd=HERE, timeout=300,
                        env=dict(os.environ, PATH=str(empty), CC=''))
     assert p.returncode == 2, p.stdout + p.stderr
     missing = [line for line in p.stdout.splitlines() if line.startswith('  MISSING ')]
@@ -243,17 +294,22 @@ def test_a_budget_too_small_for_every_check_ends_in_time_with_the_rest_named(tmp
 
 @pytest.mark.slow
 def test_a_check_still_running_at_the_budgets_end_is_cut_with_its_output_kept(tmp_path):
-    # train predicted (wrongly) to take 1 s, and given 400 steps: the budget's end stops it
+    # train predicted (wrongly) to take 1 s, and given 4000 steps: the budget's end stops it
     out = tmp_path / 'gpu_check'
     t0 = time.time()
-    p = gpu_check_run(out, '--nproc', '1', '--budget', '0.4', '--steps', '400', '--predicted', 'train=1',
+    p = gpu_check_run(out, '--nproc', '1', '--budget', '0.75', '--steps', '4000', '--predicted', 'train=1',
                       '--only', 'train,checkpoint', timeout=120)
-    assert time.time() - t0 < 24 + 5
+    assert time.time() - t0 < 45 + 5
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     results = json.load(open(out / 'gpu_check.json'))
-    assert results['elapsed_s'] < 24   # stopped within the budget: its margin (5 s) covers the grace (3 s)
+    assert results['elapsed_s'] < 45   # stopped within the budget: its margin (5 s) covers the grace (3 s)
     checks = results['checks']
     assert checks['train']['status'] == 'cut' and checks['checkpoint']['status'] == 'left', checks
+    # what it had measured before the cut is in the JSON and the table, not only "cut"
+    numbers = checks['train']['numbers']
+    assert numbers['last_step'] >= 8 and numbers['step_s'] > 0 and numbers['val_loss'] > 0, numbers
+    row = next(line for line in (out / 'gpu_check.md').read_text().splitlines() if line.startswith('| train |'))
+    assert f"reached step {numbers['last_step']}" in row and 'val loss' in row, row
     assert (out / 'train_compiled.out').exists()   # (what it printed before the end, however little)
     assert not any(out.glob('**/ckpt.pt'))         # the stopped run's checkpoint not left behind
     assert processes_naming(str(out)) == []
