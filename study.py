@@ -32,6 +32,9 @@ refuse the plan, naming the entry, and so do two entries whose out_dirs are one 
 system (a link) or on a case-insensitive one (names that differ only in case).
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'study.py')
+
 import argparse
 import difflib
 import functools
