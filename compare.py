@@ -20,6 +20,9 @@ instead); otherwise it is refused: listed at the end of the report with the reas
 pair is still reported (--strict: exit non-zero).
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'compare.py')
+
 import argparse
 import glob
 import json

@@ -26,6 +26,9 @@ its checkpoint, its final validation loss as logged) and on which set; study.py'
 run in its folder and sets apart numbers that are not that run's final model.
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'intervene.py')
+
 import json
 import math
 import os

@@ -14,6 +14,9 @@ A document goes to validation when a hash of its text says so (val_fraction), un
 val_tokens: a fixed, deterministic set of whole documents that training never sees.
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'prepare.py')
+
 import argparse
 import functools
 import glob
@@ -21,11 +24,13 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
 import numpy as np
 
+from run_kit.common import run_command
 from run_kit.run_files import atomic_write, lock_folder, sync_and_rename, write_failed
 
 MAGIC, VERSION = 20261130, 1
@@ -424,7 +429,10 @@ def prepare(documents, out_dir, max_tokens, val_tokens, val_fraction, num_proc=1
             os.remove(os.path.join(out_dir, name))
     stats = dict(train_docs=0, val_docs=0, empty_docs=0)
     work = functools.partial(tokenize_document, val_fraction=val_fraction)
-    pool = multiprocessing.get_context('spawn').Pool(num_proc) if num_proc > 1 else None
+    # a worker ignores Ctrl-C (a terminal sends it to the whole process group): the parent ends them, in one line
+    pool = (multiprocessing.get_context('spawn').Pool(num_proc, initializer=signal.signal,
+                                                       initargs=(signal.SIGINT, signal.SIG_IGN))
+            if num_proc > 1 else None)
     # imap keeps the documents' order, so the output is the same for any num_proc
     results = pool.imap(work, documents, chunksize=16) if pool else map(work, documents)
     bar = Progress(max_tokens if max_tokens < 10**12 else None, progress)
@@ -629,4 +637,6 @@ def build(args, out_dir):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_command(main, sys.argv[1:], 'prepare.py', "a build's partial files are removed, the folder's "
+                                                           "finished files are as they were; run the same command "
+                                                           "again"))

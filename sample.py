@@ -11,6 +11,9 @@ file holds only tensors and a text header (the model's configuration and a diges
 verified too), so neither can run code.
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'sample.py')
+
 import json
 import os
 import sys

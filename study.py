@@ -32,6 +32,9 @@ refuse the plan, naming the entry, and so do two entries whose out_dirs are one 
 system (a link) or on a case-insensitive one (names that differ only in case).
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'study.py')
+
 import argparse
 import difflib
 import functools
@@ -210,7 +213,10 @@ def one_folder_each(name, runs, root):
     """Two entries whose out_dirs are one folder on this file system (a link, or names that differ only in
     case: one folder on a case-insensitive file system, macOS's or Windows' by default) would be one run: the
     second "done already", never trained, and reported as a second run of the first. Refused, before anything
-    runs, wherever the plan is run (a plan that works on Linux must not lose runs on a Mac)."""
+    runs, wherever the plan is run (a plan that works on Linux must not lose runs on a Mac).
+    And a plan's folders are its own: an out_dir reached through a link (out of the root, or into a folder
+    under it that another plan, or no plan, names) is refused, naming the link and where it leads: the run
+    there would be reported as the entry's, and --overwrite would retrain it with the entry's configuration."""
     names, inodes = {}, {}
     for i, run in enumerate(runs, 1):
         given = os.path.join(root, run.out_dir)
@@ -229,6 +235,27 @@ def one_folder_each(name, runs, root):
             raise SystemExit(f"{name}: entries {j[0]} ({runs[j[0] - 1].out_dir}) and {i} ({run.out_dir}) resolve to "
                              f"{why}: the second would be taken as the first's run, never trained. Give each entry its "
                              "own out_dir. Nothing was run.")
+    real_root = os.path.realpath(root)
+    for i, run in enumerate(runs, 1):   # (after the above: two entries, one folder, is said as such)
+        link = linked(root, run.out_dir)
+        if link:
+            target = os.path.realpath(link)
+            where = (f"outside --root {root}" if os.path.commonpath([real_root, target]) != real_root else
+                     "another folder under --root, which another plan (or no plan) names")
+            raise SystemExit(f"{name}: entry {i} ({run.out_dir}): {link} is a link to {target}, {where}. A plan's "
+                             "run folders are its own: the run there would be reported as this entry's, and "
+                             "--overwrite would train it again with this plan's configuration. Remove the link "
+                             f"(rm {shlex.quote(link)}: {target} stays as it is) or give the entry an out_dir of "
+                             "its own. Nothing was run.")
+
+def linked(root, out_dir):
+    """The first link on the way from root to root/out_dir (out_dir itself, or a folder above it), or None."""
+    path = root
+    for part in os.path.normpath(out_dir).split(os.sep):
+        path = os.path.join(path, part) if part else os.sep
+        if os.path.islink(path):
+            return path
+    return None
 
 
 def entry_diff(saved, cfg):

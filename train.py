@@ -18,6 +18,9 @@ run; run_control (this process, the guards). Every collective of a training step
 all-reduce; at log steps Run.agree_to_stop's and the loss's (a checkpoint adds run_control.ranks_agree's).
 """
 
+from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
+ctrl_c_while_starting(__name__, 'train.py')
+
 import functools
 import hashlib
 import math

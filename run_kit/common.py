@@ -4,7 +4,8 @@ What the scripts share (nanochat keeps the same kind of helpers in its common.py
   - the keys that define a run: MODEL_KEYS, FROZEN_ON_RESUME, GROUP_KEYS (a comparison),
     model_problems; the model they describe: gpt_config, build_model; train.py's configuration checked: validate
   - fail: how a run stops with a message (under torchrun, said by rank 0 alone); run_command: how a command
-    ends a failed write or a Ctrl-C, in one line with an exit status of its own
+    ends a failed write or a Ctrl-C, in one line with an exit status of its own; ctrl_c_while_starting: the
+    same Ctrl-C while the command is still importing (torch), before run_command is there to catch it
 
 The files of a run (config.json, log.jsonl, ckpt.pt, the lock, atomic writes) are run_files.py's.
 train.py, sample.py, bench.py, compare.py, study.py, prepare.py and run_files.py import from here; none
@@ -124,12 +125,33 @@ class WriteFailed(Exception):
     to do (run_files.write_failed's)."""
 
 
+def ctrl_c_while_starting(module_name, name):
+    """Called by a script as its first statement: until its main starts (run_command), a Ctrl-C ends it at once
+    in one line with EXIT_INTERRUPTED. Importing torch takes seconds, and a KeyboardInterrupt raised inside
+    it is a traceback nothing could catch; nothing has been written by then. Only a script run as a program
+    (module_name '__main__': not one imported by study.py, a test or a spawned worker), and only where Ctrl-C
+    has Python's own handler (a background job started with SIGINT ignored keeps it ignored)."""
+    import signal
+    if module_name != '__main__' or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def starting(signum, frame):
+        os.write(2, f"{name}: stopped by Ctrl-C while starting; nothing was written\n".encode())
+        os._exit(EXIT_INTERRUPTED)   # at once: no exit handlers half-run under a module half-imported
+    starting.while_starting = True
+    signal.signal(signal.SIGINT, starting)
+
+
 def run_command(main, argv, name, on_ctrl_c):
     """A command's main(argv) as its process runs it: main's exit status, or a failed write (WriteFailed) or a
     Ctrl-C said in one line on stderr with EXIT_WRITE or EXIT_INTERRUPTED, never a traceback. on_ctrl_c: what
-    the interrupted command leaves behind."""
+    the interrupted command leaves behind. Ctrl-C is Python's own KeyboardInterrupt again from here on
+    (ctrl_c_while_starting's handler was for the imports)."""
+    import signal
     import sys
     try:
+        if getattr(signal.getsignal(signal.SIGINT), 'while_starting', False):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         return main(argv)
     except WriteFailed as e:
         print(f"{name}: {e}", file=sys.stderr, flush=True)

@@ -61,7 +61,8 @@ def ctrl_c(out_dir):
     def first(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
-    mine = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    now = signal.getsignal(signal.SIGINT)   # (common.ctrl_c_while_starting's until the run starts: ours too)
+    mine = now is signal.default_int_handler or getattr(now, 'while_starting', False)
     if mine:
         signal.signal(signal.SIGINT, first)
     interrupted = False

@@ -250,6 +250,52 @@ def test_ctrl_c_is_a_message(data_dir, tmp_path):
     assert proc.returncode != 0 and 'interrupted (Ctrl-C)' in stderr and 'Traceback' not in stderr, stderr[-1500:]
 
 
+# Python's start-up imports this (on PYTHONPATH) before the script: the script's first import of torch or numpy,
+# the seconds a Ctrl-C most often lands in, then waits on a pipe that the test holds open
+HELD_IMPORT = """
+import os, sys
+class Held:
+    def find_spec(self, name, path=None, target=None):
+        if name in ('torch', 'numpy'):
+            sys.meta_path.remove(self)
+            open(os.environ['HELD_IMPORT']).read()
+        return None
+sys.meta_path.insert(0, Held())
+"""
+
+
+@pytest.mark.slow   # it starts each script (each held before its import: a second in all)
+@pytest.mark.parametrize('script', ['compare.py', 'intervene.py', 'sample.py', 'prepare.py', 'study.py', 'train.py'])
+def test_ctrl_c_while_torch_loads_is_one_line(tmp_path, script):
+    from run_kit.common import EXIT_INTERRUPTED
+    (tmp_path / 'hook').mkdir()
+    (tmp_path / 'hook' / 'sitecustomize.py').write_text(HELD_IMPORT)
+    fifo = str(tmp_path / 'held')
+    os.mkfifo(fifo)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / 'hook'), HELD_IMPORT=fifo)
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), preexec_fn=default_ctrl_c)
+    deadline = time.time() + 120
+    while True:   # the script is inside its import once it has the pipe open, and waits in the read
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+    try:
+        while 'pipe' not in open(f'/proc/{proc.pid}/wchan').read():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(writer)
+    assert proc.returncode == EXIT_INTERRUPTED and 'Traceback' not in err, err[-3000:]
+    assert err.splitlines() == [f"{script}: stopped by Ctrl-C while starting; nothing was written"], err
+    assert sorted(os.listdir(tmp_path)) == ['held', 'hook']   # nothing written in the folder it runs in
+
+
 # train.py in a process whose second checkpoint write, and the removal of its partial file, each wait for the test:
 # the two Ctrl-Cs then come exactly where they are meant to, whatever the machine's load
 AT_EVENTS = """

@@ -122,6 +122,20 @@ def test_interrupted_run_leaves_no_file_under_a_final_name(tmp_path):
     assert not out.exists()   # neither final files nor temporaries, nor the folder it created
 
 
+
+@pytest.mark.slow   # it starts prepare.py
+def test_ctrl_c_inside_its_main_is_one_line(tmp_path):
+    from test_study import interrupted
+    out = tmp_path / 'data' / 'tiny'
+    os.makedirs(out)
+    fifo = str(out / 'meta.json')
+    os.mkfifo(fifo)   # a build's meta.json that is a pipe: prepare.py waits on it, inside its main, lock held
+    interrupted([os.path.join(os.path.dirname(prepare.__file__), 'prepare.py'), '--dataset', 'tiny',
+                 '--data_dir', str(tmp_path / 'data'), '--num_proc', '2'], fifo,
+                "prepare.py: stopped by Ctrl-C; a build's partial files are removed")
+    assert not {'train.bin', 'val.bin', 'train.bin.tmp', 'val.bin.tmp'} & set(os.listdir(out))
+
+
 @pytest.mark.parametrize('damage, message', [
     (lambda b: b[:HEADER_BYTES - 8], 'shorter than'),
     (lambda b: b'\x00' * 8 + b[8:], 'magic'),

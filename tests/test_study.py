@@ -311,6 +311,41 @@ def test_entries_that_resolve_to_one_folder_are_refused(tmp_path, second):
         os.listdir(runs / 'run_a') == []                    # nothing was written there
 
 
+
+@pytest.mark.parametrize('into', ['another_plan', 'out_of_root', 'parent_link'])
+def test_a_run_folder_that_is_a_link_is_refused_and_never_overwritten(tmp_path, capsys, into):
+    from helpers import make_run
+    root = tmp_path / 'root'
+    make_run(str(root / 'runs_b'), 'attnres_s1', 'attnres', 1, 3.3)   # plan B's finished run
+    make_run(str(tmp_path / 'elsewhere'), 'attnres_s1', 'attnres', 1, 3.3)   # a run out of the root
+    (root / 'runs_a').mkdir()
+    if into == 'another_plan':
+        link, target, out_dir = root / 'runs_a' / 'attnres_s1', root / 'runs_b' / 'attnres_s1', 'runs_a/attnres_s1'
+    elif into == 'out_of_root':
+        link, target, out_dir = root / 'runs_a' / 'attnres_s1', tmp_path / 'elsewhere' / 'attnres_s1', 'runs_a/attnres_s1'
+    else:   # a folder above the run that is a link
+        link, target, out_dir = root / 'runs_c', tmp_path / 'elsewhere', 'runs_c/attnres_s1'
+    os.symlink(target, link)
+    files = {p: open(p, 'rb').read() for d in (root / 'runs_b', tmp_path / 'elsewhere')
+             for p in map(str, d.rglob('*')) if os.path.isfile(p)}
+    plan = tmp_path / 'plan_a.json'   # another learning rate: --overwrite would train the run there again
+    plan.write_text(json.dumps([dict(config='config/quickstart.py', seed=1, out_dir=out_dir,
+                                     overrides=['--residual=attnres', *MINI, '--learning_rate=1e-2'])]))
+    for more in (['--overwrite'], [], ['--dry_run']):
+        with pytest.raises(SystemExit) as e:
+            study.main(['run', str(plan), '--root', str(root), *more])
+        text = str(e.value)
+        assert f'{link} is a link to {target}' in text and 'Nothing was run' in text, text
+        assert ('outside --root' in text) == (into != 'another_plan'), text
+    assert files == {p: open(p, 'rb').read() for p in files}   # the other plan's run (or the outer one): untouched
+    # the advice followed: the link removed, the entry is a run to make in a folder of its own
+    assert f'rm {link}' in text
+    os.remove(link)
+    capsys.readouterr()
+    study.main(['run', str(plan), '--root', str(root), '--dry_run'])
+    assert f'{out_dir}: to run' in capsys.readouterr().out
+    assert files == {p: open(p, 'rb').read() for p in files}
+
 @pytest.mark.slow
 def test_a_diverged_run_is_a_result_and_the_study_goes_on(data_dir, tmp_path):
     blow_up = ('--learning_rate=1e30', '--warmup_iters=1')
