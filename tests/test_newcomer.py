@@ -288,6 +288,9 @@ def test_every_measurement_the_docs_cite_exists_and_the_index_lists_each_file():
         names = [g for p in expand_braces(path) for g in glob.glob(os.path.join(HERE, p))]
         assert names, f"{sorted(where)} cite {path}, which names no file"
         matched |= {os.path.relpath(n, RESULTS) for n in names if os.path.isfile(n)}
+        # a folder of one run's raw output is cited whole and indexed by its own README.md
+        matched |= {os.path.relpath(n, RESULTS) for n in names
+                    if os.path.isdir(n) and os.path.isfile(os.path.join(n, 'README.md'))}
     present = set(os.listdir(RESULTS)) - {'README.md'}
     # a file no page cites is not kept (git keeps it)
     assert present <= matched, f"in results/ but cited by no page: {sorted(present - matched)}"
