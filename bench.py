@@ -277,6 +277,32 @@ def two_phase_bytes_per_token(model):
             sum(phase2(routes[l], d if l > block[0] else 0) for block in blocks for l in block) + phase2(routes[L], d))
 
 
+def fused_bytes_per_token(model):
+    """The same with the fused read (fast_read/fused_read.py) as its kernels are written: per AttnRes block, one
+    finished_read over the block's N_b finished sources for all R_b routes of its reads. Forward: the routes
+    in groups (fused_read.route_groups: 8 a program at d = 1024, all of them at d <= 256), each group reading
+    every source once, writing its outputs; backward: gh . h per route (reads R_b outputs and gradients),
+    then per source one read of it and of every route's output gradient (N_b R_b), its gradient written once
+    (the routes summed in registers). Each later read of the block merges the partial (merge_partial,
+    compiled around the op): forward reads its R outputs and the partial and writes R; backward reads R
+    gradients, R outputs and the partial, writes R gradients and the partial's. The final read is one more
+    finished_read (one route). Returns (finished_read bytes, merge bytes)."""
+    cfg = model.config
+    d, S, L = cfg.n_embd, cfg.attnres_block_size, 2 * cfg.n_layer
+    routes = {l: R for l, R, _ in model.read_points()}
+    per_group = max(1, 8192 // 2 ** math.ceil(math.log2(d)))   # (fused_read.route_groups without Triton)
+
+    def finished(N, R):
+        return 4 * d * (N * math.ceil(R / per_group) + R) + 4 * d * (2 * R + N * (1 + R + 1))
+
+    def merge(R):
+        return 4 * d * ((2 * R + 1) + (3 * R + 2))
+    blocks = [range(first, min(first + S, L)) for first in range(0, L, S)]
+    return (sum(finished(1 + k, sum(routes[l] for l in block)) for k, block in enumerate(blocks))
+            + finished(1 + len(blocks), routes[L]),
+            sum(merge(routes[l]) for block in blocks for l in block if l > block[0]))
+
+
 def traffic_model(cfg):
     """The depth reads' predicted overhead on a GPU: their bytes at its memory bandwidth, against the
     backbone's FLOPs at its peak and an MFU. An estimate, not a measurement (scripts/gpu_check.py
@@ -288,7 +314,7 @@ def traffic_model(cfg):
     print(f"depth-read traffic per training token (an estimate): float32 sources, fused kernels, "
           f"{cfg['bandwidth'] / 1e12:g} TB/s x {cfg['bandwidth_efficiency']:g}, backbone at {peak / 1e12:g} TFLOP/s x "
           f"{100 * cfg['mfu']:g}% MFU, context 1024")
-    print("| shape | mode | read | MB per 1,000 tokens (phase 1 + phase 2) | backbone GFLOP/token | predicted overhead |")
+    print("| shape | mode | read | MB per 1,000 tokens (two-phase: phase 1 + phase 2; fused: op + merges) | backbone GFLOP/token | predicted overhead |")
     print("|---|---|---|---:|---:|---:|")
     rows = []
     for name, shape in shapes.items():
@@ -297,11 +323,14 @@ def traffic_model(cfg):
                 model = build_model(dict(shape, block_size=1024, residual=mode))
             backbone = 6 * model.get_num_params() + 12 * shape['n_layer'] * shape['n_embd'] * 1024
             one, two = two_phase_bytes_per_token(model)
+            op, merges = fused_bytes_per_token(model)
             for read, nbytes, detail in (('plain', read_bytes_per_token(model), ''),
-                                         ('two_phase', one + two, f" ({one * 1000 / 1e6:,.1f} + {two * 1000 / 1e6:,.1f})")):
+                                         ('two_phase', one + two, f" ({one * 1000 / 1e6:,.1f} + {two * 1000 / 1e6:,.1f})"),
+                                         ('fused', op + merges, f" ({op * 1000 / 1e6:,.1f} + {merges * 1000 / 1e6:,.1f})")):
                 overhead = (nbytes / bw) / (backbone / (peak * cfg['mfu']))
                 rows.append(dict(shape=name, mode=mode, read=read, bytes_per_token=nbytes, backbone_flops_per_token=backbone,
-                                 predicted_overhead=overhead, **(dict(phase1=one, phase2=two) if detail else {})))
+                                 predicted_overhead=overhead, **({'two_phase': dict(phase1=one, phase2=two),
+                                                                  'fused': dict(finished_read=op, merges=merges)}.get(read, {}))))
                 print(f"| {name} | {mode} | {read} | {nbytes * 1000 / 1e6:,.1f}{detail} | {backbone / 1e9:.3f} | "
                       f"{100 * overhead:.1f}% |")
     if cfg['json']:

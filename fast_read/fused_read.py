@@ -122,36 +122,43 @@ def torch_backward(xs, w, h, lse, grad_h, grad_lse):
 
 
 if triton is not None:
-    def finished_read_kernel(xs, w_ptr, h_ptr, lse_ptr, M, N, d, R: tl.constexpr, BLOCK_M: tl.constexpr,
+    def finished_read_kernel(xs, w_ptr, h_ptr, lse_ptr, M, N, d, R, ROUTES: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_D: tl.constexpr, MAX_N: tl.constexpr):
-        # one program: BLOCK_M tokens, one route; an online softmax over the sources (the flash-attention
-        # recurrence, over depth): each source tile is loaded once per route, normalised and mixed in place
-        pid, r = tl.program_id(0), tl.program_id(1)
+        # one program: BLOCK_M tokens, a group of ROUTES routes; an online softmax over the sources (the
+        # flash-attention recurrence, over depth): each source tile is loaded once per group, normalised once
+        # and mixed into every route of the group. Tiles: (ROUTES, BLOCK_M, BLOCK_D)
+        pid, group = tl.program_id(0), tl.program_id(1)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_D)
+        routes = group * ROUTES + tl.arange(0, ROUTES)
         mask = (rows[:, None] < M) & (cols[None, :] < d)
-        w = tl.load(w_ptr + r * d + cols, mask=cols < d, other=0.0).to(tl.float32)
-        m = tl.full((BLOCK_M,), float('-inf'), tl.float32)
-        den = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        w = tl.load(w_ptr + routes[:, None] * d + cols[None, :], mask=(routes[:, None] < R) & (cols[None, :] < d),
+                    other=0.0).to(tl.float32)                                                 # (ROUTES, BLOCK_D)
+        m = tl.full((ROUTES, BLOCK_M), float('-inf'), tl.float32)
+        den = tl.zeros((ROUTES, BLOCK_M), tl.float32)
+        acc = tl.zeros((ROUTES, BLOCK_M, BLOCK_D), tl.float32)
         for s in tl.static_range(MAX_N):
             if s < N:
                 b = tl.load(xs[s] + rows[:, None] * d + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                rho = 1.0 / tl.sqrt(tl.sum(b * b, 1) / d + 1e-6)
-                z = tl.sum(b * w[None, :], 1) * rho
+                rho = 1.0 / tl.sqrt(tl.sum(b * b, 1) / d + 1e-6)                               # (BLOCK_M,)
+                z = tl.sum(b[None, :, :] * w[:, None, :], 2) * rho[None, :]                    # (ROUTES, BLOCK_M)
                 m_new = tl.maximum(m, z)
                 c, e = tl.exp(m - m_new), tl.exp(z - m_new)
                 den = den * c + e
-                acc = acc * c[:, None] + e[:, None] * b
+                acc = acc * c[:, :, None] + e[:, :, None] * b[None, :, :]
                 m = m_new
-        tl.store(h_ptr + r * M * d + rows[:, None] * d + cols[None, :], acc / den[:, None], mask=mask)
-        tl.store(lse_ptr + r * M + rows, m + tl.log(den), mask=rows < M)
+        out = (routes[:, None, None] < R) & mask[None, :, :]
+        tl.store(h_ptr + routes[:, None, None] * M * d + rows[None, :, None] * d + cols[None, None, :],
+                 acc / den[:, :, None], mask=out)
+        tl.store(lse_ptr + routes[:, None] * M + rows[None, :], m + tl.log(den),
+                 mask=(routes[:, None] < R) & (rows[None, :] < M))
 
-    def finished_read_backward_kernel(xs, gxs, w_ptr, h_ptr, lse_ptr, gh_ptr, glse_ptr, gw_ptr, M, N, d,
+    def finished_read_backward_kernel(xs, gxs, w_ptr, dot_ptr, lse_ptr, gh_ptr, glse_ptr, gw_ptr, M, N, d,
                                       R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                                       MAX_N: tl.constexpr):
         # one program: BLOCK_M tokens, every route and source; each source's gradient is written once (the
-        # routes summed in registers), the pseudo-queries' as this program's partial sums (gw_ptr[pid, r])
+        # routes summed in registers), the pseudo-queries' as this program's partial sums (gw_ptr[pid, r]);
+        # dot[r] = gh_r . h_r per token comes in computed (it does not depend on the source)
         pid = tl.program_id(0)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_D)
@@ -165,7 +172,7 @@ if triton is not None:
                 for r in tl.static_range(R):
                     w = tl.load(w_ptr + r * d + cols, mask=cols < d, other=0.0).to(tl.float32)
                     gh = tl.load(gh_ptr + r * M * d + tile, mask=mask, other=0.0)
-                    dot = tl.sum(gh * tl.load(h_ptr + r * M * d + tile, mask=mask, other=0.0), 1)
+                    dot = tl.load(dot_ptr + r * M + rows, mask=rows < M, other=0.0)
                     lse = tl.load(lse_ptr + r * M + rows, mask=rows < M, other=0.0)
                     glse = tl.load(glse_ptr + r * M + rows, mask=rows < M, other=0.0)
                     z = tl.sum(b * w[None, :], 1) * rho
@@ -186,10 +193,19 @@ def jitted(kernel, interpret):
     return triton.jit(kernel)
 
 
-def tile_shape(d):
-    """(BLOCK_M, BLOCK_D): a whole row per program (the norm needs it), as many tokens as keep a tile ~8K floats."""
+def tile_shape(d, routes=1):
+    """(BLOCK_M, BLOCK_D): a whole row per program (the norm needs it), as many tokens as keep a tile of
+    routes x BLOCK_M x BLOCK_D at about 8K floats."""
     block_d = triton.next_power_of_2(d)
-    return max(1, min(64, 8192 // block_d)), block_d
+    return max(1, min(64, 8192 // (block_d * routes))), block_d
+
+
+def route_groups(R, d):
+    """(groups, ROUTES): the forward's routes in groups of a power of two, as many per program as keep a
+    ROUTES x BLOCK_D tile within 8K floats; each group reads every source once."""
+    most = max(1, 8192 // triton.next_power_of_2(d))
+    groups = triton.cdiv(R, most)
+    return groups, min(triton.next_power_of_2(triton.cdiv(R, groups)), triton.next_power_of_2(most))
 
 
 def padded(xs):
@@ -202,10 +218,11 @@ def kernel_forward(xs, w):
     R = w.shape[0]
     h = torch.empty(R, M, d, dtype=torch.float32, device=xs[0].device)
     lse = torch.empty(R, M, dtype=torch.float32, device=xs[0].device)
-    block_m, block_d = tile_shape(d)
-    jitted(finished_read_kernel, interpreted())[(triton.cdiv(M, block_m), R)](
-        padded(xs), w.float().contiguous(), h, lse, M, len(xs), d, R=R, BLOCK_M=block_m, BLOCK_D=block_d,
-        MAX_N=MAX_SOURCES)
+    groups, routes = route_groups(R, d)
+    block_m, block_d = tile_shape(d, routes)
+    jitted(finished_read_kernel, interpreted())[(triton.cdiv(M, block_m), groups)](
+        padded(xs), w.float().contiguous(), h, lse, M, len(xs), d, R, ROUTES=routes, BLOCK_M=block_m,
+        BLOCK_D=block_d, MAX_N=MAX_SOURCES)
     return h, lse
 
 
@@ -216,8 +233,10 @@ def kernel_backward(xs, w, h, lse, grad_h, grad_lse):
     programs = triton.cdiv(M, block_m)
     grad_xs = [torch.empty_like(x) for x in xs]
     partial_gw = torch.zeros(programs, R, d, dtype=torch.float32, device=xs[0].device)
+    grad_h = grad_h.float().contiguous()
+    dot = (grad_h * h).sum(-1).contiguous()   # (R, M): gh_r . h_r, read once here, not once per source
     jitted(finished_read_backward_kernel, interpreted())[(programs,)](
-        padded(xs), padded(grad_xs), w.float().contiguous(), h, lse, grad_h.float().contiguous(),
+        padded(xs), padded(grad_xs), w.float().contiguous(), dot, lse, grad_h,
         grad_lse.float().contiguous(), partial_gw, M, len(xs), d, R=R, BLOCK_M=block_m, BLOCK_D=block_d,
         MAX_N=MAX_SOURCES)
     return grad_xs, partial_gw.sum(0).to(w.dtype)   # the programs' partial sums, added in a fixed order

@@ -48,7 +48,7 @@ def test_the_default_plan_is_the_bench_first_then_train_and_names_the_rest_with_
     args = gpu_check.parse_args([])
     assert args.only.split(',') == ['bench_343m', 'train'] and args.budget == 9
     # the bench is one process, its modes interleaved: standard and rd_attnres with each depth read
-    assert gpu_check.BENCH_343M_MODES.split(',') == ['standard', 'rd_attnres', 'rd_attnres+two_phase']
+    assert gpu_check.BENCH_343M_MODES.split(',') == ['standard', 'rd_attnres+fused', 'rd_attnres']
     # planned from the measured seconds: the bench, first, fits a 9-minute budget by itself
     c = check_of([])
     run, left = gpu_check.plan(list(gpu_check.DEFAULT_PLAN), {n: c.predicted(n) for n in gpu_check.DEFAULT_PLAN},
@@ -191,6 +191,19 @@ def results_with(checks, tiny=False):
     return dict(machine=dict(FACTS, date='2026-12-04'), tiny=tiny, budget_min=10, preflight=[], checks=checks)
 
 
+def test_the_verdict_is_the_fastest_read_by_two_percent_else_the_plain_read():
+    v = gpu_check.read_verdict(dict(fused=0.90, two_phase=1.20))
+    assert v['depth_read'] == 'fused' and v['two_phase_x_plain'] == 1.20
+    assert "the fused read is 0.900x" in v['reason'] and "should use depth_read='fused'" in v['reason']
+    assert gpu_check.read_verdict(dict(fused=0.97, two_phase=0.95))['depth_read'] == 'two_phase'
+    assert gpu_check.read_verdict(dict(fused=0.985, two_phase=1.3))['depth_read'] == 'plain'   # within noise
+    # every read the verdict weighs is a mode the bench runs, and one train.py builds
+    from run_kit.common import DEPTH_READS
+    assert set(gpu_check.READS) | {'plain'} == set(DEPTH_READS)
+    assert {f'rd_attnres+{r}' for r in gpu_check.READS} <= set(gpu_check.ALL_MODES.split(','))   # (bench_120m)
+    assert gpu_check.read_verdict(dict(fused=0.9))['depth_read'] == 'fused'   # the reads one bench ran
+
+
 def test_the_table_names_what_was_not_checked_and_tiny_gives_no_verdict():
     verdict = dict(depth_read='plain', two_phase_x_plain=1.01, reason="the paper configs should use depth_read='plain'")
     mode = dict(step_ms=1.0, tok_per_s=1.0, mfu=None, peak_mem_gb=None, x_standard=1.0, x_plain=1.0, graphs=1)
@@ -246,7 +259,7 @@ def test_the_gpu_check_runs_every_check_at_a_tiny_shape(tmp_path):
     assert train['graphs'] == train['graphs_expected'] == 2 and train['read_dtypes'] == ['torch.float32']
     assert checks['eager']['train_steps_compared'] == 4 and checks['eager']['val_steps_compared'] == 2   # steps 0, 16
     assert checks['resume']['stopped_at'] in (8, 12) and checks['resume']['same_data_order']
-    # all nine modes compiled in one process, each with the graphs it is designed to have
+    # all ten modes compiled in one process, each with the graphs it is designed to have
     modes = checks['bench_120m']['modes']
     assert sorted(modes) == sorted(gpu_check.ALL_MODES.split(','))
     assert all(m['graphs'] == (3 if '+two_phase' in name else 1) for name, m in modes.items())

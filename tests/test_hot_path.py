@@ -205,11 +205,19 @@ def test_traffic_model_counts_every_read_point():
     phase2 = sum(4 * (p + R * (d + 2) + R * d) + 4 * (R * d + 2 * R * (d + 2) + 2 * p)
                  for R, p in ((2, 0), (1, d), (2, 0), (1, d), (1, d)))
     assert bench.two_phase_bytes_per_token(model) == (phase1, phase2)
+    # the fused read, by hand: one finished_read per block over its finished sources (1, then 2; routes 3, 3),
+    # one more for the final read (3 sources, 1 route); d = 16 puts all routes in one group (one source read
+    # forward); a merge at each block's second sublayer (1 route each)
+    op = sum(4 * d * (N + R) + 4 * d * (2 * R + N * (2 + R)) for N, R in ((1, 3), (2, 3), (3, 1)))
+    merges = 2 * 4 * d * ((2 * 1 + 1) + (3 * 1 + 2))
+    assert bench.fused_bytes_per_token(model) == (op, merges)
     rows = bench.traffic_model(dict(bench.DEFAULTS, traffic=True))
     by = {(r['shape'], r['mode'], r['read']): r['predicted_overhead'] for r in rows}
-    assert set(by) == {(s, m, r) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres') for r in ('plain', 'two_phase')}
-    assert all(by[(s, 'rd_attnres', r)] > by[(s, 'attnres', r)] > 0 for s in ('120m', '343m') for r in ('plain', 'two_phase'))
-    assert all(by[(s, m, 'two_phase')] < by[(s, m, 'plain')] for s in ('120m', '343m') for m in ('attnres', 'rd_attnres'))
+    reads = ('plain', 'two_phase', 'fused')
+    assert set(by) == {(s, m, r) for s in ('120m', '343m') for m in ('attnres', 'rd_attnres') for r in reads}
+    assert all(by[(s, 'rd_attnres', r)] > by[(s, 'attnres', r)] > 0 for s in ('120m', '343m') for r in reads)
+    assert all(by[(s, m, r)] < by[(s, m, 'plain')] for s in ('120m', '343m') for m in ('attnres', 'rd_attnres')
+               for r in ('two_phase', 'fused'))
 
 
 def test_compile_cost_counts_each_kernel_library_once(tmp_path):
