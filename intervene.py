@@ -23,7 +23,9 @@ loses when its two routes are made one.
 Only a finished run's final model is measured: a run still training, stopped, or diverged is refused, naming the
 step its checkpoint holds. The output (and --json) says which model was measured (its run, step, the checksum of
 its checkpoint, its final validation loss as logged) and on which set; study.py's report checks each against the
-run in its folder and sets apart numbers that are not that run's final model.
+run in its folder and sets apart numbers that are not that run's final model. Weights in a run's folder that are
+not that run's model (trained with another configuration, or scoring another loss as trained than the run
+logged at its end) are refused, saying what to do.
 """
 
 from run_kit.common import ctrl_c_while_starting  # first: a Ctrl-C while torch loads is one line, exit 130
@@ -127,6 +129,28 @@ def config_hash(config):
     return hashlib.sha256(json.dumps({k: config.get(k) for k in keys}, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def differences(model_config, run_config):
+    """Where a model's own configuration (its checkpoint's, or its export's header) and its run's config.json
+    differ on the keys config_hash digests: [(key, the model's, the run's)]. A key the model's does not hold is
+    not compared (an export of an older sample.py holds fewer)."""
+    from run_kit.common import FROZEN_ON_RESUME
+    keys = sorted(set(FROZEN_ON_RESUME) | {'max_iters'})
+    return [(k, model_config[k], run_config.get(k)) for k in keys if k in model_config and model_config[k] != run_config.get(k)]
+
+
+# |NLL as trained - the run's logged final validation loss| of the run's own final model: both are train.evaluate
+# on the same windows, so a float32 run's agree to rounding (another batch size sums in another order); a run
+# trained under bf16 or fp16 autocast logged its loss in that precision, measured here in float32
+AS_TRAINED_TOL = dict(float32=1e-4, other=0.02)
+
+
+def not_the_runs(folder='its folder', train='python study.py run <plan>', measure='python study.py intervene <plan>'):
+    """What to do when the weights in a run's folder are not that run's model (nothing measured from them can
+    stand for the run); study.py intervene names its plan's commands."""
+    return (f"Its numbers are not written. Put that run's own checkpoint back, or train the run again (a study's "
+            f"run: move {folder} aside, then {train} trains it and {measure} measures it)")
+
+
 def final_model(run_dir):
     """What run_dir's final model is, or SystemExit saying why there is none to measure (a run that diverged,
     or that is not finished: still training, stopped, killed): dict(config, step, val_loss, data_digest), the
@@ -178,6 +202,10 @@ def which_model(cfg, saved):
     final = final_model(run_dir)
     config = final['config']
     record.update(run=os.path.abspath(run_dir), max_iters=final['step'], final=record['step'] == final['step'])
+    wrong = differences(saved, config)
+    if wrong:   # (a checkpoint or export put in the folder of another run: its numbers would be reported as this run's)
+        raise SystemExit(f"{record['file']} is not the model of the run in {run_dir}: it was trained with "
+                         + ', '.join(f"{k}={m!r} ({CONFIG} there: {r!r})" for k, m, r in wrong) + f". {not_the_runs()}.")
     why = None
     if not record['final']:
         why = f"it holds step {record['step']} of that run, whose final model is step {final['step']}"
@@ -228,6 +256,13 @@ def main(argv):
     evaluated = dict(dataset=dataset, data_id=data_id, eval_tokens=eval_tokens, windows=windows, block_size=T,
                      runs_own=own and run.get('eval_tokens') is not None)
     nlls = interventions(model, val, eval_tokens, cfg['batch_size'], cfg['device'])
+    if measured['final'] and evaluated['runs_own'] and measured['val_loss'] is not None:
+        # the run's own final model on the run's own windows gives the loss the run logged, or it is another model
+        tol = AS_TRAINED_TOL['float32' if run.get('dtype_resolved', 'float32') == 'float32' else 'other']
+        if not abs(nlls['as_trained'] - measured['val_loss']) <= tol:
+            raise SystemExit(f"{origin} is not the model of the run in {measured['run'] or 'its header'}: on that "
+                             f"run's own evaluation set it scores {nlls['as_trained']:.5f}, and the run logged "
+                             f"{measured['val_loss']:.5f} for its final model (more than {tol:g} apart). {not_the_runs()}.")
     which = ("the final model" if measured['final'] else f"step {measured['step']} (whether it is its run's final "
              "model is not known: the file is not in its run's folder nor says so)" if measured['final'] is None
              else f"step {measured['step']}, not the final model")

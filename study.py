@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from configurator import configure
 from run_kit.common import FROZEN_ON_RESUME, H100_PEAK_FLOPS, MODEL_KEYS, WriteFailed, build_model, run_command
 from run_kit.run_dir import existing_run, is_finished, killed_before_first_checkpoint
-from run_kit.run_files import (CHECKPOINT, EXIT_STOPPED, FINAL, LOCK, LOG, RunFileError, atomic_write,
+from run_kit.run_files import (CHECKPOINT, CONFIG, EXIT_STOPPED, FINAL, LOCK, LOG, RunFileError, atomic_write,
                                describe_divergence, divergence, read_config, read_log, schedule_length, write_failed)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -503,6 +503,11 @@ def export_final(path):
         if source.get('checkpoint_sha256') == digest:
             return ''
         model, saved, _ = sample.load_model(dict(out_dir=path, weights=''))
+        import intervene
+        wrong = intervene.differences(saved, read_config(path))
+        if wrong:   # (another run's checkpoint: exported, it would carry this run's name and logged loss)
+            return (f" (not exported: its {CHECKPOINT} was trained with "
+                    + ', '.join(f"{k}={m!r} ({CONFIG}: {r!r})" for k, m, r in wrong) + ", not this run's model)")
         try:
             sample.export(model, dict(saved, source=export_source(path, digest)), final)
         except WriteFailed as e:
@@ -707,8 +712,10 @@ def intervene_plan(name, root, device='cpu', data_dir=''):
         try:
             intervene.main(args)
         except SystemExit as e:
-            if isinstance(e.code, str):
-                raise SystemExit(f"{path}: {e.code}") from None
+            if isinstance(e.code, str):   # (its advice in this plan's commands)
+                advice = intervene.not_the_runs(shlex.quote(run_dir), f"python study.py run {plan_arguments(name, root)}",
+                                                intervene_command(name, root))
+                raise SystemExit(f"{path}: {e.code.replace(intervene.not_the_runs(), advice)}") from None
             raise
     measured = counts.get('measure', 0) + counts.get('apart', 0)
     print(f"study {name}: {measured} runs measured, {counts.get('numbers', 0)} measured already", flush=True)

@@ -584,6 +584,56 @@ def test_a_runs_export_and_interventions_are_its_own_through_overwrite_and_rerun
 
 
 @pytest.mark.slow
+def test_another_runs_checkpoint_is_not_measured_as_the_runs_and_the_advice_trains_the_run_again(data_dir, tmp_path):
+    # a run's ckpt.pt replaced by one of the same mode and seed trained with another learning rate: the study
+    # does not export it as the run's, intervene.py refuses it naming both values; disguised (its configuration
+    # made the run's), its loss on the run's own evaluation set gives it away; the advice followed (the folder
+    # moved aside, the plan's commands) trains the run again and measures it
+    import shutil
+    from run_kit.run_files import load_checkpoint, save_checkpoint
+    run, plan = run_dir_and_plan(tmp_path)
+    os.makedirs(tmp_path / 'other')
+    other, other_plan = run_dir_and_plan(tmp_path / 'other', '--learning_rate=0.001')
+    for entries, root in ((plan, tmp_path), (other_plan, tmp_path / 'other')):
+        p = study_run(entries, root, data_dir, '--no_report')
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    own_export = (run / 'final.safetensors').read_bytes()
+    shutil.copy(other / 'ckpt.pt', run / 'ckpt.pt')
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and ("not exported: its ckpt.pt was trained with learning_rate=0.001 (config.json: "
+                                  "0.003), not this run's model") in p.stdout, p.stdout[-2000:]
+    assert (run / 'final.safetensors').read_bytes() == own_export
+    measure = f"python study.py intervene {plan} --root {tmp_path}"
+    p = follow(measure)
+    said = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(said) == 1 and 'Traceback' not in p.stderr, p.stderr[-3000:]
+    assert ("ckpt.pt is not the model of the run in" in said[0] and "learning_rate=0.001 (config.json there: 0.003)"
+            in said[0]), said
+    assert not (run / 'interventions.json').exists()
+    # the same weights, their configuration made the run's: the loss they score is not the one the run logged
+    ckpt = load_checkpoint(str(other / 'ckpt.pt'))
+    ckpt.pop('sha256', None)
+    ckpt['config'] = dict(ckpt['config'], learning_rate=config_of(run)['learning_rate'])
+    save_checkpoint(ckpt, str(run / 'ckpt.pt'))
+    p = follow(measure)
+    said = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(said) == 1 and 'on that run\'s own evaluation set it scores' in said[0], p.stderr
+    assert not (run / 'interventions.json').exists()
+    # the advice, as it is written: move the folder aside, train, measure
+    train = f"python study.py run {plan} --root {tmp_path}"
+    assert f"move {run} aside, then {train} trains it and {measure} measures it" in said[0], said
+    os.rename(run, tmp_path / 'replaced')
+    p = follow(f"{train} --extra=--data_dir={data_dir}")   # (the data as the study was run with: its --extra)
+    assert p.returncode == 0 and 'done already' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    p = follow(measure)
+    assert p.returncode == 0 and '1 runs measured' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    first = json.load(open(run / 'interventions.json'))
+    assert first['model']['checkpoint_sha256'] == export_source(run / 'final.safetensors')['checkpoint_sha256']
+    assert (f"| 1 | step 15 (final), checkpoint {first['model']['checkpoint_sha256'][:8]} |"
+            in (tmp_path / 'plan_report.md').read_text())
+
+
+@pytest.mark.slow
 def test_the_reports_advice_works_on_the_cpu_plan(data_dir, tmp_path):
     from helpers import train_here
     run = tmp_path / 'study' / 'runs' / 'main_fp32' / 'rd_attnres_s1'   # one of the cpu plan's entries, tiny
