@@ -194,6 +194,11 @@ def data_problem(a, b):
         where = (f"agree at step {last} and differ at step {first}" if last is not None else
                  f"differ at step {first}, the first both logged")
         steps = f"step {first - 1}" if (last or 0) == first - 1 else f"one of the steps {last or 0} to {first - 1}"
+        again = next((s for s in common if s > first and a['digests'][s] == b['digests'][s]), None)
+        if again is not None:   # (a digest of every step so far, once it differs, differs at every later step)
+            return (f"their data digests (of every step's windows so far) {where} and agree again at step {again}, "
+                    "which digests of one run each cannot do: a log holds rows of another run (spliced or edited "
+                    f"rows about step {first}). Compare the runs' own logs: {same}")
         return (f"they trained on different batches: their data digests (of every step's windows so far) {where}, so "
                 f"{steps} trained on other windows. A pair must train on the same windows at every step: {same}")
     common = sorted(set(a['hashes']) & set(b['hashes']))
@@ -418,10 +423,29 @@ def routing_matrix(alpha_rows, route):
 
 
 def plot(results, groups, out_dir):
+    """The plots, written into out_dir. A write killed before its rename leaves its temporary file
+    (atomic_write's NAME.png.tmp): the next plot removes them, holding the folder (an flock on it) so that
+    another report plotting there at the same moment keeps its own; while one does, none is removed."""
+    import fcntl
+    os.makedirs(out_dir, exist_ok=True)
+    folder = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.png.tmp')) + \
+                    glob.glob(os.path.join(glob.escape(out_dir), '*.png.*.tmp')):
+                os.remove(tmp)
+        except BlockingIOError:
+            pass
+        return plot_into(results, groups, out_dir)
+    finally:
+        os.close(folder)   # (the flock goes with it)
+
+
+def plot_into(results, groups, out_dir):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    os.makedirs(out_dir, exist_ok=True)
     written = []
     loaded = {run['path']: run for by_mode in groups.values() for by_seed in by_mode.values() for run in by_seed.values()}
     for r in results:

@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -193,8 +195,12 @@ def test_windows_that_differ_at_a_step_no_row_logs_are_refused(tmp_path):
     run = lambda digests: dict(config={}, hashes={}, digests=digests)
     said = compare.data_problem(run({10: 'a', 11: 'b'}), run({10: 'a', 11: 'c'}))
     assert 'agree at step 10 and differ at step 11, so step 10 trained on other windows' in said, said
-    said = compare.data_problem(run({10: 'a', 20: 'b'}), run({10: 'c', 20: 'b'}))
+    said = compare.data_problem(run({10: 'a', 20: 'b'}), run({10: 'c', 20: 'd'}))
     assert 'differ at step 10, the first both logged, so one of the steps 0 to 9 trained on other windows' in said, said
+    # digests that differ and then agree again are not two runs' own: a log holds rows of another run
+    said = compare.data_problem(run({10: 'a', 20: 'b', 30: 'c'}), run({10: 'a', 20: 'x', 30: 'c'}))
+    assert 'agree at step 10 and differ at step 20 and agree again at step 30' in said and 'another run' in said, said
+    assert 'trained on other windows' not in said, said
 
 
 def test_earlier_step_and_runs_in_progress(study, tmp_path):
@@ -219,7 +225,11 @@ def test_different_budgets_are_different_groups(tmp_path):
 
 
 def test_plots_are_written(study, tmp_path):
+    # the temporary files of writes killed before their rename (0 bytes, as a kill -9 leaves them) are removed
     out = str(tmp_path / 'plots')
+    os.makedirs(out)
+    for stale in ('routing_rd_s1.png.tmp', 'curves_x.png.123.abcd1234.tmp'):
+        open(os.path.join(out, stale), 'w').close()
     compare.main([os.path.join(study, '*'), '--plot', out])
     names = sorted(os.listdir(out))
     assert 'curves_rd_attnres_vs_attnres_rd_s1.png' in names
@@ -227,6 +237,27 @@ def test_plots_are_written(study, tmp_path):
     assert all(os.path.getsize(os.path.join(out, n)) > 10_000 for n in names)
     m = compare.routing_matrix(json.loads(open(os.path.join(study, 'rd_s1', 'log.jsonl')).readline())['routing']['alpha'], 'v')
     assert m[0][0] == 1.0 and math.isnan(m[0][1]) and m[1] == [0.7, 0.3]
+
+
+def test_a_second_plotter_keeps_the_first_ones_temporary_files(study, tmp_path):
+    # while another process holds the plots folder (plotting there), a report removes none of its files
+    import fcntl
+    out = str(tmp_path / 'plots')
+    os.makedirs(out)
+    theirs = os.path.join(out, 'routing_rd_s1.png.tmp')
+    open(theirs, 'w').close()
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); '
+                               'fcntl.flock(fd, fcntl.LOCK_EX); print("held", flush=True); time.sleep(60)', out],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        compare.main([os.path.join(study, '*'), '--plot', out])
+        assert os.path.exists(theirs) and os.path.getsize(os.path.join(out, 'routing_rd_s1.png')) > 10_000
+    finally:
+        holder.kill()
+        holder.wait()
+    compare.main([os.path.join(study, '*'), '--plot', out])   # once it is gone, the next report removes it
+    assert not os.path.exists(theirs)
 
 
 def test_any_two_arms_side_by_side(tmp_path, capsys):
