@@ -386,6 +386,8 @@ def run_state(root, path):
             with open(found) as f:
                 r = json.load(f)
             nll = {n: float(r['nll'][n]) for n in ['as_trained', *TIES[r['residual']]]}
+            nll.update({k: float(v) for k, v in r['nll'].items()            # the one-layer ties, where measured
+                        if k.partition('@')[0] in TIES[r['residual']] and k.partition('@')[2].isdigit()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             return 'apart', f"{JSON} cannot be read as intervene.py's ({type(e).__name__})"
         why = measured_problem(r, run_dir, path, config)
@@ -442,6 +444,7 @@ def report_section(root, folder, runs, command='python study.py intervene <plan>
                        f"[{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
                        f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])} | {fmt(st['sign_test_p'], '.3g')} |")
         out.append('')
+        out += layer_map(mode, by_seed)
     if apart:
         out.append(f"Set apart (not in the tables: its {JSON} is not the run's final model on its own evaluation set):\n" +
                    '\n'.join(f"- {path}: {why}" for path, why in apart) + '\n')
@@ -461,6 +464,45 @@ def report_section(root, folder, runs, command='python study.py intervene <plan>
         out.append(f"Not finished: {len(n)} runs of {' or '.join(TIES)} ({n[0]}{', …' if len(n) > 1 else ''}), "
                    "measured once they have finished.\n")
     return '\n'.join(out) + '\n'
+
+
+def layer_map(mode, by_seed):
+    """Markdown lines: per attention layer l and tie, the paired ΔNLL of tying layer l only (NAME@l) over the seeds
+    measured at every layer, and the sum of the one-layer Δs beside the all-layer Δ (do the layers add up)."""
+    from compare import paired_stats, sign_count
+    seeds = [s for s in sorted(by_seed) if any('@' in k for k in by_seed[s][0])]
+    if not seeds:
+        return []
+    names = list(TIES[mode])
+    layers = sorted({int(k.partition('@')[2]) for s in seeds for k in by_seed[s][0] if '@' in k})
+    out = [f"Where {mode} uses its routes, one layer at a time: NAME@l ties attention layer l's read only, every "
+           f"other layer as trained; Δ per seed, paired over the {len(seeds)} seeds measured at every layer "
+           f"({', '.join(map(str, seeds))}); a layer carries an effect only where its CI excludes 0.\n",
+           '| layer | ' + ' | '.join(f"{n}@l: mean Δ | 95% CI | Δ > 0" for n in names) + ' |',
+           '|---:|' + '---:|---|---:|' * len(names)]
+    sums = {n: [] for n in names}
+    for l in layers:
+        cells = []
+        for n in names:
+            deltas = [by_seed[s][0][f'{n}@{l}'] - by_seed[s][0]['as_trained'] for s in seeds if f'{n}@{l}' in by_seed[s][0]]
+            st = paired_stats(deltas)
+            cells.append(f"{st['mean_delta']:+.4f} | [{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
+                         f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])}")
+        out.append(f"| {l} | " + ' | '.join(cells) + ' |')
+    out += ['', '| tie | seeds | mean Δ, all layers tied | mean sum of one-layer Δs | sum − all, per seed |',
+            '|---|---:|---:|---:|---|']
+    for n in names:
+        pairs = []
+        for s in seeds:
+            v = by_seed[s][0]
+            one = [v[f'{n}@{l}'] - v['as_trained'] for l in layers if f'{n}@{l}' in v]
+            if len(one) == len(layers):
+                pairs.append((v[n] - v['as_trained'], math.fsum(one)))
+        if pairs:
+            out.append(f"| {mode}: {n} | {len(pairs)} | {math.fsum(a for a, _ in pairs) / len(pairs):+.4f} | "
+                       f"{math.fsum(b for _, b in pairs) / len(pairs):+.4f} | "
+                       f"{', '.join(f'{b - a:+.4f}' for a, b in pairs)} |")
+    return out + ['']
 
 
 def run_state_weights(root, path):

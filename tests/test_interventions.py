@@ -131,6 +131,8 @@ def test_the_command_writes_what_the_study_report_reads(trained, data_dir, tmp_p
     assert '| rd_attnres: v_as_qk | 2 |' in text and '| ctrl_heads: heads2_as_heads1 | 2 |' in text, text
     assert 'No interventions yet for 1 runs of rd_attnres or ctrl_heads here (runs/rd_attnres_s3)' in text
     assert 'step 12 (final), checkpoint ' in text
+    # each layer's tie paired over the two seeds, and the layers' sum beside the whole, per mode
+    assert text.count('one layer at a time: NAME@l ties') == 2 and '| 0 | ' in text and text.count('| rd_attnres: v_as_qk | 2 | ') == 2
 
 
 @pytest.mark.slow   # (trains two models: the trained fixture)
@@ -243,3 +245,24 @@ def test_ctrl_c_in_sample_is_one_line(data_dir, tmp_path):
     os.mkfifo(fifo)   # the prompt file: sample.py waits on it, inside its main, once the model is loaded
     interrupted([os.path.join(os.path.dirname(intervene.__file__), 'sample.py'), f'--out_dir={out}',
                  f'--start=FILE:{fifo}', '--device=cpu'], fifo, 'sample.py: stopped by Ctrl-C; nothing was written')
+
+
+def test_the_layer_map_pairs_each_layers_tie_over_the_seeds_and_sets_the_sum_beside_the_whole():
+    # three seeds, two layers: layer 0's tie costs 0.01, 0.02, 0.03; layer 1's nothing; all layers at once 0.05
+    by_seed = {}
+    for s, d0 in ((1, 0.01), (2, 0.02), (3, 0.03)):
+        nll = {'as_trained': 3.0, 'v_as_qk': 3.05, 'qk_as_v': 3.1,
+               'v_as_qk@0': 3.0 + d0, 'v_as_qk@1': 3.0, 'qk_as_v@0': 3.0 - d0, 'qk_as_v@1': 3.02}
+        by_seed[s] = (nll, 'final')
+    by_seed[4] = ({'as_trained': 3.0, 'v_as_qk': 3.9, 'qk_as_v': 3.9}, 'final')   # all layers only: not in the map
+    lines = intervene.layer_map('rd_attnres', by_seed)
+    text = '\n'.join(lines)
+    assert 'the 3 seeds measured at every layer (1, 2, 3)' in text, text
+    half = 4.302652729911275 * 0.01 / 3 ** 0.5   # t(0.975, 2) · sd / √n
+    row0 = next(l for l in lines if l.startswith('| 0 |'))
+    assert row0 == (f"| 0 | +0.0200 | [{0.02 - half:+.4f}, {0.02 + half:+.4f}] | 3/3 | "
+                    f"-0.0200 | [{-0.02 - half:+.4f}, {-0.02 + half:+.4f}] | 0/3 |"), row0
+    assert next(l for l in lines if l.startswith('| 1 |')).startswith('| 1 | +0.0000 | [+0.0000, +0.0000] | 0/0 (3 ties) |')
+    # v_as_qk: all layers +0.05, the layers' sum +0.02 on average (−0.04, −0.03, −0.02 per seed): they interact
+    assert '| rd_attnres: v_as_qk | 3 | +0.0500 | +0.0200 | -0.0400, -0.0300, -0.0200 |' in text, text
+    assert intervene.layer_map('rd_attnres', {4: by_seed[4]}) == []   # no seed measured per layer: no map
