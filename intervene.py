@@ -476,11 +476,10 @@ def layer_map(mode, by_seed):
     names = list(TIES[mode])
     layers = sorted({int(k.partition('@')[2]) for s in seeds for k in by_seed[s][0] if '@' in k})
     out = [f"Where {mode} uses its routes, one layer at a time: NAME@l ties attention layer l's read only, every "
-           f"other layer as trained; Δ per seed, paired over the {len(seeds)} seeds measured at every layer "
-           f"({', '.join(map(str, seeds))}); a layer carries an effect only where its CI excludes 0.\n",
+           f"other layer as trained; Δ per seed, paired over the {len(seeds)} seed{'s' * (len(seeds) > 1)} measured "
+           f"at every layer ({', '.join(map(str, seeds))}); a layer carries an effect only where its CI excludes 0.\n",
            '| layer | ' + ' | '.join(f"{n}@l: mean Δ | 95% CI | Δ > 0" for n in names) + ' |',
            '|---:|' + '---:|---|---:|' * len(names)]
-    sums = {n: [] for n in names}
     for l in layers:
         cells = []
         for n in names:
@@ -491,13 +490,9 @@ def layer_map(mode, by_seed):
         out.append(f"| {l} | " + ' | '.join(cells) + ' |')
     out += ['', '| tie | seeds | mean Δ, all layers tied | mean sum of one-layer Δs | sum − all, per seed |',
             '|---|---:|---:|---:|---|']
+    sums = [layer_sums(by_seed[s][0]) for s in seeds]
     for n in names:
-        pairs = []
-        for s in seeds:
-            v = by_seed[s][0]
-            one = [v[f'{n}@{l}'] - v['as_trained'] for l in layers if f'{n}@{l}' in v]
-            if len(one) == len(layers):
-                pairs.append((v[n] - v['as_trained'], math.fsum(one)))
+        pairs = [(t[n]['all_layers'], t[n]['sum_of_layers']) for t in sums if t[n]['layers'] == len(layers)]
         if pairs:
             out.append(f"| {mode}: {n} | {len(pairs)} | {math.fsum(a for a, _ in pairs) / len(pairs):+.4f} | "
                        f"{math.fsum(b for _, b in pairs) / len(pairs):+.4f} | "
