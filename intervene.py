@@ -151,10 +151,11 @@ def not_the_runs(folder='its folder', train='python study.py run <plan>', measur
             f"run: move {folder} aside, then {train} trains it and {measure} measures it)")
 
 
-def final_model(run_dir):
+def final_model(run_dir, from_checkpoint=True):
     """What run_dir's final model is, or SystemExit saying why there is none to measure (a run that diverged,
-    or that is not finished: still training, stopped, killed): dict(config, step, val_loss, data_digest), the
-    step and validation loss of its last evaluation as logged."""
+    or that is not finished: still training, stopped, killed; from_checkpoint: a finished run whose checkpoint is
+    damaged): dict(config, step, val_loss, data_digest), the step and validation loss of its last evaluation as
+    logged."""
     from run_kit.run_files import (CHECKPOINT, LOG, RunFileError, checkpoint_progress, describe_divergence, divergence,
                                    logged_evals, read_config, read_log)
     from run_kit.run_dir import is_finished
@@ -169,11 +170,22 @@ def final_model(run_dir):
         raise SystemExit(f"{run_dir} diverged ({describe_divergence(diverged)}): it has no trained model ({held}, the "
                          "last good one, not a result). A diverged run has no interventions; the study's report lists "
                          "it with the pairs it breaks.")
-    if not is_finished(run_dir):
+    try:
+        logged = logged_evals(read_log(os.path.join(run_dir, LOG)))
+    except (OSError, SystemExit):   # (no log, or one that cannot be read: not finished, as is_finished says)
+        logged = {}
+    damaged = ckpt is None and os.path.exists(os.path.join(run_dir, CHECKPOINT)) and config['max_iters'] in logged
+    if damaged and from_checkpoint:   # (finished, as its log says: "not finished" would send the user round in a loop)
+        raise SystemExit(f"{os.path.join(run_dir, CHECKPOINT)} cannot be read: the file is damaged (the run's log says "
+                         f"it finished at step {config['max_iters']}); it was left as it is. Measure the run's export "
+                         f"if it has one (python intervene.py --weights={os.path.join(run_dir, FINAL)}), or train the "
+                         "run again in another out_dir (a study's run: move its folder aside, then python study.py run "
+                         "<plan>).")
+    if not damaged and not is_finished(run_dir):
         raise SystemExit(f"{run_dir} is not finished ({held} of {config['max_iters']}): measured now, its numbers would "
                          f"be that step's, not the trained model's. Run this command again once the run has finished "
                          "(a stopped run continues with train.py --init_from=auto, or study.py run).")
-    final = logged_evals(read_log(os.path.join(run_dir, LOG)))[config['max_iters']]
+    final = logged[config['max_iters']]
     return dict(config=config, step=config['max_iters'], val_loss=final['val_loss'], data_digest=final.get('data_digest'))
 
 
@@ -199,7 +211,7 @@ def which_model(cfg, saved):
         record['final'] = record['step'] == record['max_iters']
     if not run_dir:
         return record, dict(source)   # (an export on its own: what its header says)
-    final = final_model(run_dir)
+    final = final_model(run_dir, from_checkpoint=bool(cfg['out_dir']))
     config = final['config']
     record.update(run=os.path.abspath(run_dir), max_iters=final['step'], final=record['step'] == final['step'])
     wrong = differences(saved, config)
@@ -314,18 +326,37 @@ def same_log(out_dir, reference):
 JSON = 'interventions.json'
 
 
-def measured_problem(r, run_dir, path, config):
-    """Why the numbers r (a run's interventions.json) are not its run's final model measured on the run's own
-    evaluation set, or None. path: the run as the report names it (relative to the study's root)."""
-    from run_kit.run_files import (CHECKPOINT, LOG, describe_divergence, divergence, logged_evals, read_log, stored_digest)
+def checkpoint_here(run_dir, config):
+    """(finished, digest, damage) of the run in run_dir for the report: whether its log holds its final
+    evaluation (and its checkpoint, where one is readable, that step: run_dir.is_finished); the checksum of its
+    ckpt.pt recomputed from the content (None: no file, or damaged); why it is damaged (None: intact or absent).
+    The checksum stored inside the file is not trusted alone: a flipped byte keeps it."""
+    from run_kit.run_files import CHECKPOINT, LOG, logged_evals, read_log, verified_digest
     from run_kit.run_dir import is_finished
+    ckpt = os.path.join(run_dir, CHECKPOINT)
+    digest, damage = verified_digest(ckpt) if os.path.exists(ckpt) else (None, None)
+    finished = is_finished(run_dir)
+    if not finished and damage:   # (a damaged checkpoint does not make a finished run unfinished: its log says)
+        try:
+            finished = config['max_iters'] in logged_evals(read_log(os.path.join(run_dir, LOG)))
+        except (OSError, SystemExit):
+            pass
+    return finished, digest, damage
+
+
+def measured_problem(r, run_dir, path, config, checkpoint):
+    """Why the numbers r (a run's interventions.json) are not its run's final model measured on the run's own
+    evaluation set, or None. path: the run as the report names it (relative to the study's root); checkpoint:
+    checkpoint_here's (finished, digest, damage)."""
+    from run_kit.run_files import LOG, describe_divergence, divergence, logged_evals, read_log
+    finished, digest, damage = checkpoint
     if (r.get('residual'), r.get('seed')) != (config['residual'], config['seed']):
         return (f"it measured a {r.get('residual')} model of seed {r.get('seed')}; the run is {config['residual']} "
                 f"seed {config['seed']}")
     diverged = divergence(run_dir)
     if diverged:
         return f"the run diverged ({describe_divergence(diverged)}): it has no trained model to measure"
-    if not is_finished(run_dir):
+    if not finished:
         return "the run is not finished: it has no final model yet"
     rows = read_log(os.path.join(run_dir, LOG))
     final = logged_evals(rows)[config['max_iters']]
@@ -351,21 +382,24 @@ def measured_problem(r, run_dir, path, config):
     here = m.get('run') is not None and os.path.realpath(m['run']) == os.path.realpath(run_dir)
     if here and m.get('config_sha256') != config_hash(config):
         return "it measured a run of another configuration in this folder (since replaced)"
-    ckpt = os.path.join(run_dir, CHECKPOINT)
-    if here and m.get('checkpoint_sha256') and os.path.exists(ckpt) and stored_digest(ckpt) != m['checkpoint_sha256']:
+    if here and m.get('checkpoint_sha256') and digest is not None and digest != m['checkpoint_sha256']:
         return "it measured another checkpoint than this run's final one (since replaced)"
-    return None
+    return None   # (a checkpoint damaged since: intervene.py verified it when it measured; model_label says so)
 
 
-def model_label(r, run_dir):
-    """Which model the numbers are of, in a few words, for the report's table."""
+def model_label(r, run_dir, damage=None):
+    """Which model the numbers are of, in a few words, for the report's table; damage: why the run's ckpt.pt
+    is damaged now (the numbers were measured from it intact: intervene.py verifies what it loads)."""
+    from run_kit.run_files import CHECKPOINT
     m = r.get('model')
     if not isinstance(m, dict):
-        return "final, of a rerun with an equal log"
-    if m.get('run') and os.path.realpath(m['run']) != os.path.realpath(run_dir) and r.get('same_log_as'):
-        return f"step {m['step']} (final), of a rerun with an equal log"
-    digest = m.get('checkpoint_sha256')
-    return f"step {m['step']} (final)" + (f", checkpoint {digest[:8]}" if digest else '')
+        label = "final, of a rerun with an equal log"
+    elif m.get('run') and os.path.realpath(m['run']) != os.path.realpath(run_dir) and r.get('same_log_as'):
+        label = f"step {m['step']} (final), of a rerun with an equal log"
+    else:
+        digest = m.get('checkpoint_sha256')
+        label = f"step {m['step']} (final)" + (f", checkpoint {digest[:8]}" if digest else '')
+    return label + (f"; its {CHECKPOINT} since damaged: {damage}" if damage else '')
 
 
 def run_state(root, path):
@@ -374,7 +408,6 @@ def run_state(root, path):
     mode, 'measure' (finished, its weights here: ckpt.pt or final.safetensors), 'no_weights', 'unfinished' or
     'diverged'; (None, None) for anything else (not a run yet, one route)."""
     from run_kit.run_files import CHECKPOINT, RunFileError, divergence, read_config
-    from run_kit.run_dir import is_finished
     run_dir = os.path.join(root, path)
     try:
         config = read_config(run_dir)
@@ -390,17 +423,20 @@ def run_state(root, path):
                         if k.partition('@')[0] in TIES[r['residual']] and k.partition('@')[2].isdigit()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             return 'apart', f"{JSON} cannot be read as intervene.py's ({type(e).__name__})"
-        why = measured_problem(r, run_dir, path, config)
+        checkpoint = checkpoint_here(run_dir, config)
+        why = measured_problem(r, run_dir, path, config, checkpoint)
         if why is None:
-            return 'numbers', (config['residual'], config['seed'], nll, model_label(r, run_dir))
+            return 'numbers', (config['residual'], config['seed'], nll, model_label(r, run_dir, checkpoint[2]))
         return 'apart', why
     if config.get('residual') not in TIES:
         return None, None
     if divergence(run_dir):
         return 'diverged', None
-    if not is_finished(run_dir):
+    finished, _, damage = checkpoint_here(run_dir, config)
+    if not finished:
         return 'unfinished', None
-    has_weights = any(os.path.exists(os.path.join(run_dir, f)) for f in (CHECKPOINT, FINAL))
+    has_weights = os.path.exists(os.path.join(run_dir, FINAL)) or (os.path.exists(os.path.join(run_dir, CHECKPOINT))
+                                                                    and not damage)
     return ('measure' if has_weights else 'no_weights'), None
 
 

@@ -478,14 +478,16 @@ def export_final(path):
     """A finished run's weights as path/FINAL (sample.py's export: its configuration and a digest in the header,
     and what it was derived from: export_source), from its ckpt.pt: what evaluations after the study
     (intervene.py) need when checkpoints are gone. Written again where the export there is not of this checkpoint
-    (a run replaced by train.py --overwrite, say); the temporary file of an export that was killed is removed.
+    (a run replaced by train.py --overwrite, say) or its content was changed since it was written; the temporary file of an export that was killed is removed.
     Done holding the folder's lock: no run writes there meanwhile. Returns a note, or ''."""
     import sample
-    from safetensors import safe_open
     from run_kit.run_files import lock_folder, stored_digest
     final, ckpt = os.path.join(path, FINAL), os.path.join(path, CHECKPOINT)
     if not os.path.exists(ckpt) and not stale_temporaries(final):
-        return ''   # (no checkpoint: the export, if any, is all there is; the report checks it)
+        if os.path.exists(final) and export_of(final)[1] is False:
+            return (f" ({FINAL} was changed after it was written and there is no {CHECKPOINT} to export it again from: "
+                    "its weights cannot be told to be this run's. Train the run again in another folder to measure it)")
+        return ''   # (no checkpoint: the export, if any, is all there is)
     held, holder = lock_folder(path, LOCK)
     if held is None:
         return f" (not exported: the folder is in use, {holder})"
@@ -494,14 +496,11 @@ def export_final(path):
             os.remove(tmp)
         digest = stored_digest(ckpt) if os.path.exists(ckpt) else None
         if digest is None:
-            return ''   # (no checkpoint: the export, if any, is all there is; the report checks it)
-        try:
-            with safe_open(final, framework='pt') as f:
-                source = json.loads((f.metadata() or {}).get('config', '{}')).get('source') or {}
-        except Exception:   # none, or not a readable export: written again
-            source = {}
-        if source.get('checkpoint_sha256') == digest:
+            return ''   # (no checkpoint: the export, if any, is all there is)
+        source, intact = export_of(final)
+        if source.get('checkpoint_sha256') == digest and intact:
             return ''
+        edited = source.get('checkpoint_sha256') == digest and intact is False
         model, saved, _ = sample.load_model(dict(out_dir=path, weights=''))
         import intervene
         wrong = intervene.differences(saved, read_config(path))
@@ -513,9 +512,26 @@ def export_final(path):
         except WriteFailed as e:
             raise WriteFailed(f"{e} To export it, run the same command again: finished runs are skipped, their "
                               "exports written.") from None
-        return ''
+        return f" ({FINAL} had been changed after it was written: exported again from {CHECKPOINT})" if edited else ''
     finally:
         held.close()
+
+
+def export_of(final):
+    """(what an export says it was derived from, whether its content still gives the digest in its header):
+    ({}, None) where there is no readable export (or none with a digest), (source, False) where it was changed."""
+    import sample
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    try:
+        with safe_open(final, framework='pt') as f:
+            header = f.metadata() or {}
+        source = json.loads(header.get('config', '{}')).get('source') or {}
+        if 'sha256' not in header:
+            return source, None
+        return source, header['sha256'] == sample.weights_digest(header['config'], load_file(final))
+    except Exception:   # none, or not a readable export (written again where there is a checkpoint)
+        return {}, None
 
 
 def tail(path, n=15):

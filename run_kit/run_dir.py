@@ -20,7 +20,7 @@ from run_kit.console import print_run_summary
 from run_kit.run_files import (CHECKPOINT, LOCK, LOG, RUN_FILES, TORN, RunFileError, append_log, check_tensors,
                                checkpoint_progress, load_checkpoint, lock_out_dir, logged_evals, read_config, read_log,
                                remove_run_files, renamed_keys, rewind_log, save_checkpoint, saved_config, schedule_length,
-                               set_rng_states, stored_digest, world_sizes, write_config, write_failed)
+                               set_rng_states, stored_digest, unknown_entries, world_sizes, write_config, write_failed)
 
 
 @dataclass
@@ -57,6 +57,13 @@ def start_run(cfg, proc, model, optimizer, scaler, digest_at, meta):
         read = lambda: load_checkpoint(ckpt_path)
         ckpt = read() if checkpoint_copies(out_dir, proc) else rank0_decides(read, proc)
         started = dict(ckpt['config'])
+        if unknown_entries(ckpt) and not cfg['eval_only']:   # (another version's state: resumed without it, the
+            # run might not continue exactly; an evaluation reads only the weights)
+            fail(f"cannot resume {ckpt_path}: it holds entries this train.py does not know "
+                 f"({', '.join(unknown_entries(ckpt))}), written by another version of train.py or edited, and a "
+                 "resume without them may not continue the run exactly. Resume it with the version that wrote it, "
+                 "or start the run again in another out_dir; sample.py and intervene.py read its weights as they "
+                 "are.", master)
 
     # 3. fix the LR schedule's length (a resume keeps the checkpoint's unless given), then refuse a run whose frozen
     # settings changed: a resume, or a run killed before its first checkpoint started again (one check)

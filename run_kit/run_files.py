@@ -37,6 +37,7 @@ FINAL = 'final.safetensors'   # a finished run's weights beside it (study.export
 TORN = LOG + '.torn'
 RUN_FILES = (CHECKPOINT, LOG, CONFIG)   # the run's record (run.lock only says who writes here)
 CHECKPOINT_KEYS = ('model', 'optimizer', 'scaler', 'step', 'best_val_loss', 'config', 'rng')
+CHECKPOINT_OPTIONAL = ('data_digest',)   # (a checkpoint of an older train.py lacks it: the digest is recomputed)
 # what a config.json must hold to be one that train.py wrote: the run can then be grouped, paired, labelled,
 # and told finished or not
 CONFIG_KEYS = {'residual': str, 'seed': int, 'max_iters': int, 'eval_interval': int, 'n_layer': int, 'n_head': int,
@@ -577,7 +578,31 @@ def load_checkpoint(path):
         raise SystemExit(f"{path} is not a checkpoint of train.py: it lacks {', '.join(dict.fromkeys(missing))}. {left}")
     if isinstance(ckpt['config'].get('max_iters'), int):   # (as read_config: older ones kept 0)
         ckpt['config']['lr_decay_iters'] = schedule_length(ckpt['config'])
+    unknown = unknown_entries(ckpt)
+    if unknown:   # (the weights are read as they are; a resume refuses it: run_dir.start_run)
+        warnings.warn(f"{path} holds entries that this version's readers do not know ({', '.join(unknown)}): written "
+                      "by another version of train.py, or edited. They are ignored here.")
     return ckpt
+
+
+def unknown_entries(ckpt):
+    """The names in a checkpoint that this train.py neither writes nor reads (another version's, or an edit)."""
+    return sorted(str(k) for k in ckpt if k not in CHECKPOINT_KEYS + CHECKPOINT_OPTIONAL)
+
+
+def verified_digest(path):
+    """(the checksum a checkpoint was written with, None) where its content still gives that checksum (recomputed:
+    every tensor read, a few seconds a GB), else (None, why): damaged or unreadable; (None, None): no checksum."""
+    try:
+        ckpt = load_tensors_only(path, mmap=True)
+        stored = ckpt.pop('sha256', None)
+    except Exception as e:
+        return None, f"it cannot be read ({type(e).__name__})"
+    if stored is None:   # (written by an older train.py: nothing to verify it against, nothing known damaged)
+        return None, None
+    if stored != content_digest(ckpt):
+        return None, "its content no longer matches the checksum written with it (damaged)"
+    return str(stored), None
 
 
 def stored_digest(path):

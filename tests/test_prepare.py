@@ -136,6 +136,35 @@ def test_ctrl_c_inside_its_main_is_one_line(tmp_path):
     assert not {'train.bin', 'val.bin', 'train.bin.tmp', 'val.bin.tmp'} & set(os.listdir(out))
 
 
+@pytest.mark.slow   # it starts prepare.py twice and builds twice
+def test_a_build_killed_mid_write_then_run_again_is_the_build_an_uninterrupted_run_makes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    write_jsonl(tmp_path / 'a.jsonl', DOCS * 400)
+    args = ['--input', str(tmp_path / 'a.jsonl'), '--num_proc', '1', '--name', 'x']
+    script = os.path.join(os.path.dirname(prepare.__file__), 'prepare.py')
+    out = tmp_path / 'data' / 'x'
+    p = subprocess.Popen([sys.executable, script, *args, '--data_dir', str(tmp_path / 'data')],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((out / 'train.bin.tmp').exists() and (out / 'train.bin.tmp').stat().st_size > 0):
+        assert p.poll() is None and time.time() < deadline, 'the build ended before it was seen writing'
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGKILL)   # no handler runs: its temporaries and its lock file stay behind
+    p.wait()
+    assert not {'train.bin', 'val.bin', 'meta.json'} & set(os.listdir(out))   # nothing under a final name
+    with pytest.raises(SystemExit, match='no prepared data'):
+        prepare.read_dataset(str(tmp_path / 'data'), 'x')
+    assert run(tmp_path, *args) == 0                                 # run again, as a user would
+    assert run(tmp_path, *args[:-1], 'clean') == 0                    # an uninterrupted build of the same input
+    assert not any(n.endswith('.tmp') for n in os.listdir(out))
+    for name in ('train.bin', 'val.bin'):
+        assert (out / name).read_bytes() == (tmp_path / 'data' / 'clean' / name).read_bytes()
+    assert prepare.read_dataset(str(tmp_path / 'data'), 'x')[2] == prepare.read_dataset(str(tmp_path / 'data'), 'clean')[2]
+
+
 @pytest.mark.parametrize('damage, message', [
     (lambda b: b[:HEADER_BYTES - 8], 'shorter than'),
     (lambda b: b'\x00' * 8 + b[8:], 'magic'),

@@ -23,7 +23,7 @@ from helpers import make_run
 from helpers import limit_file_size, python
 from helpers import logged_steps, start, wait_for_step
 from helpers import DOCS, write_jsonl
-from helpers import HERE, TINY, run, run_here, sample_here
+from helpers import HERE, TINY, assert_same_run, main_here, run, run_here, sample_here
 
 import sample
 import train
@@ -426,7 +426,7 @@ def test_a_stop_signal_on_an_eval_step_checkpoints_whatever_always_save_checkpoi
 
 
 @pytest.mark.slow
-def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir, tmp_path):
+def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir, runs, tmp_path):
     out = str(tmp_path / 'run')
     run(['--max_iters=2', '--lr_decay_iters=4'], data_dir, out)
     cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
@@ -434,10 +434,12 @@ def test_a_full_disk_at_the_final_checkpoint_leaves_the_run_unfinished(data_dir,
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE, timeout=600, preexec_fn=limit_file_size(2_000_000))
     assert 'could not write the checkpoint' in no_traceback(p)
     assert run_files.checkpoint_progress(os.path.join(out, 'ckpt.pt')) == (2, 2)
+    assert run_files.load_checkpoint(os.path.join(out, 'ckpt.pt'))['step'] == 2   # the older one intact (its checksum)
     assert not study.is_finished(out)                       # the final evaluation is logged after its checkpoint
     assert 4 not in {r['step'] for r in run_files.read_log(os.path.join(out, 'log.jsonl')) if 'val_loss' in r}
-    run_here(['--max_iters=4', '--init_from=auto'], data_dir, out)
+    run_here(['--max_iters=4', '--init_from=auto'], data_dir, out)   # room again (no limit): resumed
     assert study.is_finished(out)
+    assert_same_run(out, str(runs / 'finished'))            # exactly the run that never met a full disk
 
 
 def test_a_log_that_claims_a_checkpoint_its_ckpt_does_not_hold_is_not_finished(runs, tmp_path):
@@ -613,3 +615,79 @@ def test_a_checkpoint_and_an_export_of_an_older_version_load_and_resume(data_dir
     today, _, _ = sample.load_model(dict(out_dir='', weights=str(runs / 'w.safetensors')))
     assert old_export.state_dict().keys() == today.state_dict().keys()
     assert all(torch.equal(t, today.state_dict()[n]) for n, t in old_export.state_dict().items())
+
+
+# ---------------------------------------------------------------------------------------------
+# A checkpoint that is almost one, in every reader of ckpt.pt: sample, intervene, a resume, an evaluation
+# (compare.py reads a run's config.json and log only)
+
+def checkpoint_with(ckpt, fault):
+    """ckpt (a path) made into a checkpoint with one fault; those with a content fault carry a valid checksum."""
+    c = run_files.load_checkpoint(str(ckpt))
+    if fault == 'truncated':
+        data = ckpt.read_bytes()
+        ckpt.write_bytes(data[:len(data) // 2])
+        return
+    if fault == 'an unknown entry':          # another version's state, or an edit
+        c['schedule_state'] = torch.ones(3)
+    elif fault == 'an unknown tensor':
+        c['model']['transformer.mystery'] = torch.ones(3)
+    elif fault == 'another vocabulary':      # the whole model of a 1000-token vocabulary
+        c['config']['vocab_size'] = 1000
+        c['model'] = {k: (t[:1000].clone() if t.shape[:1] == (50304,) else t) for k, t in c['model'].items()}
+    run_files.save_checkpoint(c, str(ckpt))
+
+
+@pytest.mark.parametrize('fault, message', [
+    ('an unknown entry', None),
+    ('an unknown tensor', 'transformer.mystery is not a tensor of this model'),
+    ('another vocabulary', 'transformer.wte.weight has shape (1000, 32)'),
+    ('truncated', 'cannot be read'),
+])
+def test_a_checkpoint_with_an_unknown_entry_another_vocabulary_or_truncated_is_refused_or_read_as_it_is(
+        data_dir, runs, tmp_path, fault, message):
+    import intervene
+    half, finished = tmp_path / 'half', tmp_path / 'finished'
+    for name, out in (('half', half), ('finished', finished)):
+        shutil.copytree(runs / name, out, ignore=shutil.ignore_patterns('run.lock'))
+    export = finished / 'final.safetensors'
+    assert sample_here(f'--out_dir={finished}', f'--export={export}').returncode == 0   # before the fault
+    for out in (half, finished):
+        checkpoint_with(out / 'ckpt.pt', fault)
+    damaged = {out: (out / 'ckpt.pt').read_bytes() for out in (half, finished)}
+    train_args = [*TINY, f'--data_dir={data_dir}', '--cpu_malloc_tuning=False', '--init_from=resume']
+    commands = {'sample': (sample.main, [f'--out_dir={finished}', '--device=cpu', '--num_samples=1',
+                                         '--max_new_tokens=4', '--cpu_threads=1']),
+                'intervene': (intervene.main, [f'--out_dir={finished}', f'--data_dir={data_dir}']),
+                'evaluation': (train.main, [*train_args, f'--out_dir={finished}', '--eval_only=True']),
+                'resume': (train.main, [*train_args, f'--out_dir={half}'])}
+    said, warned = {}, {}
+    for reader, (main, argv) in commands.items():
+        with warnings.catch_warnings(record=True) as w:   # (a warning the command line would print on stderr)
+            warnings.simplefilter('always')
+            said[reader] = main_here(main, argv, returns_status=reader != 'sample')
+        warned[reader] = ' '.join(str(x.message) for x in w)
+        assert 'Traceback' not in said[reader].stderr, (reader, said[reader].stderr[-2000:])
+    if fault == 'an unknown entry':
+        # the weights are read as they are (said), and the model is the run's: intervene.py's as-trained loss is
+        # the logged one; a resume, which would go on without that state, is refused, saying what to do
+        for reader in ('sample', 'intervene', 'evaluation'):
+            assert said[reader].returncode == 0 and 'do not know (schedule_state)' in warned[reader], reader
+        assert 'as_trained' in said['intervene'].stdout
+        text = said['resume'].stderr
+        assert said['resume'].returncode != 0 and 'does not know (schedule_state)' in text
+        assert 'start the run again in another out_dir' in text
+        run_here([f'--max_iters=4'], data_dir, str(tmp_path / 'again'))            # the advice, followed
+        assert study.is_finished(str(tmp_path / 'again'))
+    else:
+        for reader, p in said.items():
+            assert p.returncode != 0 and message in p.stderr, (reader, p.stderr[-2000:])
+    if fault == 'truncated':
+        # a finished run's damaged checkpoint is not called unfinished: that advice would loop
+        text = said['intervene'].stderr
+        assert 'is not finished' not in text and 'the file is damaged' in text
+        command = text.split('(python intervene.py ')[1].split(')')[0]
+        p = main_here(intervene.main, [*command.split(), f'--data_dir={data_dir}'])   # the advice, followed
+        assert p.returncode == 0 and 'as_trained' in p.stdout, p.stderr[-2000:]
+    for out in (half, finished):                      # every reader left the file as it was
+        assert (out / 'ckpt.pt').read_bytes() == damaged[out]

@@ -583,6 +583,55 @@ def test_a_runs_export_and_interventions_are_its_own_through_overwrite_and_rerun
     assert 'Set apart' not in report and 'Not measured yet' not in report
 
 
+def flip_a_weight(path, tensor):
+    """One bit of `tensor`'s bytes flipped where path (a checkpoint or an export) stores them, nothing else touched:
+    the checksum or digest written in the file stays as it was."""
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.detach().contiguous().numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 5] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_in_a_checkpoint_or_an_export_is_noticed_by_the_report_and_the_study(data_dir, tmp_path):
+    # the checksum inside a file is not trusted alone: the report and the study recompute it from the content
+    import torch
+    from run_kit.run_files import load_checkpoint, stored_digest
+    run, plan = run_dir_and_plan(tmp_path)
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    report = (tmp_path / 'plan_report.md').read_text()
+    p = follow(report.split('Not measured yet: 1 runs (runs/rd_attnres_s1): `')[1].split('`')[0])
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    measured = json.load(open(run / 'interventions.json'))
+    final, ckpt = run / 'final.safetensors', run / 'ckpt.pt'
+    weight = load_checkpoint(str(ckpt))['model']['transformer.wte.weight'].clone()   # (loaded, it maps the file)
+    from safetensors.torch import load_file
+    export = {k: t.clone() for k, t in load_file(str(final)).items()}   # (load_file maps the file)
+    # an edited export, its checkpoint intact: the study exports the run again, and says so
+    flip_a_weight(final, weight)
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and 'final.safetensors had been changed after it was written: exported again' in p.stdout
+    assert study.export_of(str(final))[1] is True
+    assert all(torch.equal(t, export[k]) for k, t in load_file(str(final)).items())   # the run's weights again
+    # a flipped byte in the checkpoint keeps its stored checksum: the report says the file is damaged now, and
+    # keeps the numbers (measured from it intact: intervene.py verifies what it loads)
+    digest = stored_digest(str(ckpt))
+    flip_a_weight(ckpt, weight)
+    assert stored_digest(str(ckpt)) == digest
+    p = study_run(plan, tmp_path, data_dir)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    report = (tmp_path / 'plan_report.md').read_text()
+    assert (f"| 1 | step 15 (final), checkpoint {digest[:8]}; its ckpt.pt since damaged: its content no longer "
+            f"matches the checksum written with it (damaged) | {measured['nll']['as_trained']:.4f} |") in report, report
+    # an edited export with no checkpoint to export it from again: said, not taken for the run's
+    ckpt.unlink()
+    flip_a_weight(final, weight)
+    p = study_run(plan, tmp_path, data_dir, '--no_report')
+    assert p.returncode == 0 and 'final.safetensors was changed after it was written and there is no ckpt.pt' in p.stdout
+
+
 @pytest.mark.slow
 def test_another_runs_checkpoint_is_not_measured_as_the_runs_and_the_advice_trains_the_run_again(data_dir, tmp_path):
     # a run's ckpt.pt replaced by one of the same mode and seed trained with another learning rate: the study
