@@ -422,8 +422,9 @@ def routing_matrix(alpha_rows, route):
     return [a + [float('nan')] * (width - len(a)) for a in rows]
 
 
-def plot(results, groups, out_dir):
-    """The plots, written into out_dir. A write killed before its rename leaves its temporary file
+def plot(results, groups, out_dir, also=()):
+    """The plots, written into out_dir, and those that each of `also` (a function of out_dir that writes its
+    own and returns their paths) draws there. A write killed before its rename leaves its temporary file
     (atomic_write's NAME.png.tmp): the next plot removes them, holding the folder (an flock on it) so that
     another report plotting there at the same moment keeps its own; while one does, none is removed."""
     import fcntl
@@ -437,7 +438,7 @@ def plot(results, groups, out_dir):
                 os.remove(tmp)
         except BlockingIOError:
             pass
-        return plot_into(results, groups, out_dir)
+        return plot_into(results, groups, out_dir) + [p for draw in also for p in draw(out_dir)]
     finally:
         os.close(folder)   # (the flock goes with it)
 

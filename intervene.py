@@ -403,7 +403,7 @@ def model_label(r, run_dir, damage=None):
 
 
 def run_state(root, path):
-    """(state, detail) of a plan's run for its interventions: ('numbers', (mode, seed, nll, label)) where its
+    """(state, detail) of a plan's run for its interventions: ('numbers', (mode, seed, nll, label, routing)) where its
     interventions.json is its final model's; ('apart', why) where that file is not; else, for a run of a two-route
     mode, 'measure' (finished, its weights here: ckpt.pt or final.safetensors), 'no_weights', 'unfinished' or
     'diverged'; (None, None) for anything else (not a run yet, one route)."""
@@ -426,7 +426,8 @@ def run_state(root, path):
         checkpoint = checkpoint_here(run_dir, config)
         why = measured_problem(r, run_dir, path, config, checkpoint)
         if why is None:
-            return 'numbers', (config['residual'], config['seed'], nll, model_label(r, run_dir, checkpoint[2]))
+            return 'numbers', (config['residual'], config['seed'], nll, model_label(r, run_dir, checkpoint[2]),
+                               final_routing(run_dir, config))
         return 'apart', why
     if config.get('residual') not in TIES:
         return None, None
@@ -440,18 +441,36 @@ def run_state(root, path):
     return ('measure' if has_weights else 'no_weights'), None
 
 
-def report_section(root, folder, runs, command='python study.py intervene <plan>'):
+def final_routing(run_dir, config):
+    """{attention layer: (JS divergence between its two routes, mean depth of the first, of the second)} of the
+    run's final model, as its log's final evaluation recorded them (run_kit/routing.routing_summary, the first
+    validation batch); {} where the log holds none."""
+    from run_kit.run_files import LOG, logged_evals, read_log
+    try:
+        row = logged_evals(read_log(os.path.join(run_dir, LOG))).get(config['max_iters'], {})
+        out = {}
+        for r in row.get('routing', {}).get('summary', []):
+            js = next(k for k in r if k.startswith('js_'))
+            first, second = js.split('_')[1:]
+            out[int(r['layer'])] = (float(r[js]), float(r[f'depth_{first}']), float(r[f'depth_{second}']))
+        return out
+    except (OSError, SystemExit, StopIteration, KeyError, TypeError, ValueError, AttributeError):
+        return {}   # (a log without routing, or not as train.py writes it: the map shows no descriptive column)
+
+
+def report_section(root, folder, runs, command='python study.py intervene <plan>', figures=None):
     """Markdown for study.py report: the interventions of the plan's runs in `folder` (`runs`: their paths relative
     to root), each checked against the run in its folder; numbers that are not that run's final model on its own
     evaluation set are set apart, saying why; the two-route runs without numbers are named, with `command`, which
-    measures them ('' where there is nothing to say)."""
+    measures them ('' where there is nothing to say). figures: a list, given, to which (mode, by_seed) is added
+    for each mode with a layer map (layer_map_figure draws it)."""
     from compare import paired_stats, sign_count
     rows, apart, waiting = {}, [], {'measure': [], 'no_weights': [], 'unfinished': []}
     for path in runs:
         state, detail = run_state(root, path)
         if state == 'numbers':
-            mode, seed, nll, label = detail
-            rows.setdefault(mode, {})[seed] = (nll, label)
+            mode, seed, nll, label, routing = detail
+            rows.setdefault(mode, {})[seed] = (nll, label, routing)
         elif state == 'apart':
             apart.append((path, detail))
         elif state in waiting:
@@ -467,7 +486,7 @@ def report_section(root, folder, runs, command='python study.py intervene <plan>
         out.append(f"| {mode} seed | model | as trained | " + ' | '.join(f"{n} | Δ" for n in names) + ' |')
         out.append('|---:|---|---:|' + '---:|---:|' * len(names))
         for seed in sorted(by_seed):
-            v, label = by_seed[seed]
+            v, label = by_seed[seed][:2]
             out.append(f"| {seed} | {label} | {v['as_trained']:.4f} | " +
                        ' | '.join(f"{v[n]:.4f} | {v[n] - v['as_trained']:+.4f}" for n in names) + ' |')
         out.append('')
@@ -480,7 +499,10 @@ def report_section(root, folder, runs, command='python study.py intervene <plan>
                        f"[{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
                        f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])} | {fmt(st['sign_test_p'], '.3g')} |")
         out.append('')
-        out += layer_map(mode, by_seed)
+        lines = layer_map(mode, by_seed)
+        out += lines
+        if lines and figures is not None:
+            figures.append((mode, by_seed))
     if apart:
         out.append(f"Set apart (not in the tables: its {JSON} is not the run's final model on its own evaluation set):\n" +
                    '\n'.join(f"- {path}: {why}" for path, why in apart) + '\n')
@@ -504,26 +526,43 @@ def report_section(root, folder, runs, command='python study.py intervene <plan>
 
 def layer_map(mode, by_seed):
     """Markdown lines: per attention layer l and tie, the paired ΔNLL of tying layer l only (NAME@l) over the seeds
-    measured at every layer, and the sum of the one-layer Δs beside the all-layer Δ (do the layers add up)."""
+    measured at every layer, beside the layer's descriptive routing (the JS divergence between its two routes as
+    the final evaluation logged it, mean over those seeds); the rank correlation of the two over layers and seeds;
+    and the sum of the one-layer Δs beside the all-layer Δ (do the layers add up). by_seed: {seed: (nll, label,
+    routing)}, routing as final_routing gives it."""
     from compare import paired_stats, sign_count
-    seeds = [s for s in sorted(by_seed) if any('@' in k for k in by_seed[s][0])]
-    if not seeds:
+    m = map_numbers(mode, by_seed)
+    if m is None:
         return []
-    names = list(TIES[mode])
-    layers = sorted({int(k.partition('@')[2]) for s in seeds for k in by_seed[s][0] if '@' in k})
+    names, seeds, layers = m['names'], m['seeds'], m['layers']
     out = [f"Where {mode} uses its routes, one layer at a time: NAME@l ties attention layer l's read only, every "
            f"other layer as trained; Δ per seed, paired over the {len(seeds)} seed{'s' * (len(seeds) > 1)} measured "
-           f"at every layer ({', '.join(map(str, seeds))}); a layer carries an effect only where its CI excludes 0.\n",
-           '| layer | ' + ' | '.join(f"{n}@l: mean Δ | 95% CI | Δ > 0" for n in names) + ' |',
-           '|---:|' + '---:|---|---:|' * len(names)]
+           f"at every layer ({', '.join(map(str, seeds))}); a layer carries an effect only where its CI excludes 0. "
+           "JS: the Jensen-Shannon divergence (nats) between the layer's two routes' depth distributions in the final "
+           "evaluation's first batch, mean over the same seeds: descriptive, not causal.\n",
+           '| layer | ' + ' | '.join(f"{n}@l: mean Δ | 95% CI | Δ > 0" for n in names) + ' | JS |',
+           '|---:|' + '---:|---|---:|' * len(names) + '---:|']
     for l in layers:
         cells = []
         for n in names:
-            deltas = [by_seed[s][0][f'{n}@{l}'] - by_seed[s][0]['as_trained'] for s in seeds if f'{n}@{l}' in by_seed[s][0]]
+            deltas = m['deltas'][n][l]
             st = paired_stats(deltas)
             cells.append(f"{st['mean_delta']:+.4f} | [{fmt(st['ci95'][0], '+.4f')}, {fmt(st['ci95'][1], '+.4f')}] | "
                          f"{sign_count(sum(d > 0 for d in deltas), st['n'], st['ties'])}")
-        out.append(f"| {l} | " + ' | '.join(cells) + ' |')
+        js = list(m['js'][l].values())
+        out.append(f"| {l} | " + ' | '.join(cells) + f" | {fmt(math.fsum(js) / len(js) if js else None, '.3g')} |")
+    # (a layer whose ties change nothing in any seed, as a read of the embedding alone: its routes are one read,
+    # JS 0 and Δ 0 by construction, which would count for the correlation without telling anything)
+    chosen = [l for l in layers if any(d != 0 for n in names for d in m['deltas'][n][l])]
+    pairs = {n: [(m['js'][l][s], by_seed[s][0][f'{n}@{l}'] - by_seed[s][0]['as_trained']) for l in chosen
+                 for s in seeds if s in m['js'][l] and f'{n}@{l}' in by_seed[s][0]] for n in names}
+    if any(pairs.values()):
+        skipped = sorted(set(layers) - set(chosen))
+        out += ['', "Causal against descriptive: Spearman's rank correlation between a layer's JS and its one-layer "
+                "Δ, over every (layer, seed) pair" + (f" (not layer{'s' * (len(skipped) > 1)} "
+                f"{', '.join(map(str, skipped))}, whose ties change nothing in any seed)" if skipped else '') + ": " + '; '.join(
+                    f"{n}@l ρ = {fmt(rank_correlation(*zip(*pairs[n])), '+.2f')} (n = {len(pairs[n])})"
+                    for n in names if pairs[n]) + '.']
     out += ['', '| tie | seeds | mean Δ, all layers tied | mean sum of one-layer Δs | sum − all, per seed |',
             '|---|---:|---:|---:|---|']
     sums = [layer_sums(by_seed[s][0]) for s in seeds]
@@ -534,6 +573,80 @@ def layer_map(mode, by_seed):
                        f"{math.fsum(b for _, b in pairs) / len(pairs):+.4f} | "
                        f"{', '.join(f'{b - a:+.4f}' for a, b in pairs)} |")
     return out + ['']
+
+
+def map_numbers(mode, by_seed):
+    """What the layer map shows, or None where no seed was measured at every layer: dict(names, seeds, layers,
+    deltas={tie: {layer: [Δ per seed]}}, js={layer: {seed: its JS, where its log recorded it}})."""
+    seeds = [s for s in sorted(by_seed) if any('@' in k for k in by_seed[s][0])]
+    if not seeds:
+        return None
+    names = list(TIES[mode])
+    layers = sorted({int(k.partition('@')[2]) for s in seeds for k in by_seed[s][0] if '@' in k})
+    deltas = {n: {l: [by_seed[s][0][f'{n}@{l}'] - by_seed[s][0]['as_trained'] for s in seeds
+                      if f'{n}@{l}' in by_seed[s][0]] for l in layers} for n in names}
+    routing = {s: (by_seed[s][2] if len(by_seed[s]) > 2 else {}) for s in seeds}
+    js = {l: {s: routing[s][l][0] for s in seeds if l in routing[s]} for l in layers}
+    return dict(names=names, seeds=seeds, layers=layers, deltas=deltas, js=js)
+
+
+def rank_correlation(xs, ys):
+    """Spearman's ρ: the Pearson correlation of the ranks (ties share their mean rank); None where either side
+    is constant or there are fewer than 3 pairs."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    if len(xs) < 3:
+        return None
+    a, b = ranks(list(xs)), ranks(list(ys))
+    ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
+    saa, sbb = math.fsum((x - ma) ** 2 for x in a), math.fsum((y - mb) ** 2 for y in b)
+    if saa == 0 or sbb == 0:
+        return None
+    return math.fsum((x - ma) * (y - mb) for x, y in zip(a, b)) / math.sqrt(saa * sbb)
+
+
+def layer_map_figure(mode, by_seed, path):
+    """The layer map as a figure at path: per attention layer, each tie's mean one-layer ΔNLL with its 95% CI
+    as bars, and the routes' JS divergence (mean over the seeds) on a second axis."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from compare import paired_stats
+    from run_kit.run_files import atomic_write
+    m = map_numbers(mode, by_seed)
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    width = 0.8 / len(m['names'])
+    for i, n in enumerate(m['names']):
+        st = [paired_stats(m['deltas'][n][l]) for l in m['layers']]
+        mean = [s['mean_delta'] for s in st]
+        low = [s['mean_delta'] - s['ci95'][0] if s['ci95'][0] is not None and not math.isnan(s['ci95'][0]) else 0
+               for s in st]
+        ax.bar([l + (i - (len(m['names']) - 1) / 2) * width for l in m['layers']], mean, width, yerr=low,
+               capsize=3, color=f'C{i}', label=f'{n}@l (mean Δ, 95% CI)')
+    ax.axhline(0, color='k', lw=0.8)
+    ax.set(xlabel='attention layer l (tied alone)', ylabel='ΔNLL (nats/token)', xticks=m['layers'],
+           title=f"{mode}: one-layer ties over {len(m['seeds'])} seed{'s' * (len(m['seeds']) > 1)}")
+    js = [(l, math.fsum(m['js'][l].values()) / len(m['js'][l])) for l in m['layers'] if m['js'][l]]
+    if js:
+        twin = ax.twinx()
+        twin.plot([l for l, _ in js], [v for _, v in js], 'k.--', label='JS between the routes (descriptive)')
+        twin.set_ylabel('JS divergence (nats)')
+        twin.set_ylim(bottom=0)
+        twin.legend(loc='upper right', fontsize=7)
+    ax.legend(loc='upper left', fontsize=7)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format='png'))
+    plt.close(fig)
+    return path
 
 
 def run_state_weights(root, path):

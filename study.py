@@ -637,7 +637,8 @@ def report(name, root='.', plots=True):
         routing = compare.routing_table(loaded)
         if routing:
             sections.append(routing)
-        sections.append(intervene.report_section(root, folder, planned, intervene_command(name, root)))
+        figures = []   # (mode, its layer map's numbers): drawn beside the plots
+        sections.append(intervene.report_section(root, folder, planned, intervene_command(name, root), figures))
         diverged = compare.diverged_lines(loaded, groups, EXTRA_PAIRS)
         if diverged:
             sections.append("Diverged (kept as results: no evaluation at the last step):\n" + diverged)
@@ -656,8 +657,10 @@ def report(name, root='.', plots=True):
         json_path, plot_dir = (os.path.join(root, p) for p in outputs(folder))
         if results:
             writes.append((json_path, lambda p=json_path, r=results: compare.write_json(p, r)))
-            if plots:
-                writes.append((plot_dir, lambda p=plot_dir, r=results, g=groups: compare.plot(r, g, p)))
+        if plots and (results or figures):
+            maps = [lambda d, m=m, b=b: [intervene.layer_map_figure(m, b, os.path.join(d, f'layer_map_{m}.png'))]
+                    for m, b in figures]
+            writes.append((plot_dir, lambda p=plot_dir, r=results, g=groups, a=maps: compare.plot(r, g, p, a)))
     text = '\n'.join(sections)
     writes.append((os.path.join(root, report_file), lambda: atomic_write(os.path.join(root, report_file), text)))
     again = f"run the report again ({report_command(name, root)})"

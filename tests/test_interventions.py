@@ -127,12 +127,20 @@ def test_the_command_writes_what_the_study_report_reads(trained, data_dir, tmp_p
     os.makedirs(root / 'runs' / 'rd_attnres_s3')
     for name in ('config.json', 'log.jsonl'):
         shutil.copy(os.path.join(trained['rd_attnres'][0], name), root / 'runs' / 'rd_attnres_s3')
-    text = intervene.report_section(str(root), 'runs', [f'runs/{n}' for n in sorted(os.listdir(root / 'runs'))])
+    figures = []
+    text = intervene.report_section(str(root), 'runs', [f'runs/{n}' for n in sorted(os.listdir(root / 'runs'))],
+                                    figures=figures)
     assert '| rd_attnres: v_as_qk | 2 |' in text and '| ctrl_heads: heads2_as_heads1 | 2 |' in text, text
     assert 'No interventions yet for 1 runs of rd_attnres or ctrl_heads here (runs/rd_attnres_s3)' in text
     assert 'step 12 (final), checkpoint ' in text
     # each layer's tie paired over the two seeds, and the layers' sum beside the whole, per mode
     assert text.count('one layer at a time: NAME@l ties') == 2 and '| 0 | ' in text and text.count('| rd_attnres: v_as_qk | 2 | ') == 2
+    # beside each layer the JS its log recorded (the real runs' logs hold routing): a number, and the ρ line
+    last = next(l for l in text.splitlines() if l.startswith(f'| {L - 1} | '))
+    assert float(last.rsplit('|', 2)[1]) >= 0 and text.count("Spearman's rank correlation") == 2, text
+    assert sorted(m for m, _ in figures) == ['ctrl_heads', 'rd_attnres']
+    png = intervene.layer_map_figure(*figures[0], str(tmp_path / 'map.png'))
+    assert open(png, 'rb').read(4) == b'\x89PNG'
 
 
 @pytest.mark.slow   # (trains two models: the trained fixture)
@@ -248,21 +256,74 @@ def test_ctrl_c_in_sample_is_one_line(data_dir, tmp_path):
 
 
 def test_the_layer_map_pairs_each_layers_tie_over_the_seeds_and_sets_the_sum_beside_the_whole():
-    # three seeds, two layers: layer 0's tie costs 0.01, 0.02, 0.03; layer 1's nothing; all layers at once 0.05
+    # three seeds, two layers: layer 0's tie costs 0.01, 0.02, 0.03; layer 1's nothing; all layers at once 0.05.
+    # The routes' JS per layer from seeds 1 and 2's logs; seed 3's log recorded none
+    routing = {1: {0: (0.30, 1.0, 0.5), 1: (0.10, 1.0, 0.9)}, 2: {0: (0.20, 1.0, 0.6), 1: (0.12, 1.0, 0.9)}, 3: {}}
     by_seed = {}
     for s, d0 in ((1, 0.01), (2, 0.02), (3, 0.03)):
         nll = {'as_trained': 3.0, 'v_as_qk': 3.05, 'qk_as_v': 3.1,
                'v_as_qk@0': 3.0 + d0, 'v_as_qk@1': 3.0, 'qk_as_v@0': 3.0 - d0, 'qk_as_v@1': 3.02}
-        by_seed[s] = (nll, 'final')
-    by_seed[4] = ({'as_trained': 3.0, 'v_as_qk': 3.9, 'qk_as_v': 3.9}, 'final')   # all layers only: not in the map
+        by_seed[s] = (nll, 'final', routing[s])
+    by_seed[4] = ({'as_trained': 3.0, 'v_as_qk': 3.9, 'qk_as_v': 3.9}, 'final', {})   # all layers only: not in the map
     lines = intervene.layer_map('rd_attnres', by_seed)
     text = '\n'.join(lines)
     assert 'the 3 seeds measured at every layer (1, 2, 3)' in text, text
     half = 4.302652729911275 * 0.01 / 3 ** 0.5   # t(0.975, 2) · sd / √n
     row0 = next(l for l in lines if l.startswith('| 0 |'))
     assert row0 == (f"| 0 | +0.0200 | [{0.02 - half:+.4f}, {0.02 + half:+.4f}] | 3/3 | "
-                    f"-0.0200 | [{-0.02 - half:+.4f}, {-0.02 + half:+.4f}] | 0/3 |"), row0
-    assert next(l for l in lines if l.startswith('| 1 |')).startswith('| 1 | +0.0000 | [+0.0000, +0.0000] | 0/0 (3 ties) |')
+                    f"-0.0200 | [{-0.02 - half:+.4f}, {-0.02 + half:+.4f}] | 0/3 | 0.25 |"), row0
+    row1 = next(l for l in lines if l.startswith('| 1 |'))
+    assert row1.startswith('| 1 | +0.0000 | [+0.0000, +0.0000] | 0/0 (3 ties) |') and row1.endswith(' | 0.11 |'), row1
+    # ρ over the (layer, seed) pairs that have both: JS 0.30, 0.20, 0.10, 0.12 against v_as_qk's Δ 0.01, 0.02, 0,
+    # 0 (ranks 3, 2, 0, 1 against 2, 3, 0.5, 0.5): 3.5 / √(5 · 4.5) = 0.738; qk_as_v's Δ −0.01, −0.02, 0.02, 0.02
+    # (ranks 1, 0, 2.5, 2.5): −0.738
+    assert 'v_as_qk@l ρ = +0.74 (n = 4); qk_as_v@l ρ = -0.74 (n = 4).' in text, text
+    # a layer whose ties change nothing in any seed (a read of the embedding alone) is left out of ρ, and said
+    still = {s: ({**v[0], 'qk_as_v@1': 3.0}, *v[1:]) for s, v in by_seed.items()}
+    text = '\n'.join(intervene.layer_map('rd_attnres', still))
+    assert ("pair (not layer 1, whose ties change nothing in any seed): v_as_qk@l ρ = - (n = 2); "
+            "qk_as_v@l ρ = - (n = 2).") in text, text   # (two pairs left: too few)
     # v_as_qk: all layers +0.05, the layers' sum +0.02 on average (−0.04, −0.03, −0.02 per seed): they interact
     assert '| rd_attnres: v_as_qk | 3 | +0.0500 | +0.0200 | -0.0400, -0.0300, -0.0200 |' in text, text
+    # without any routing in the logs: no JS in the rows, no ρ line
+    bare = '\n'.join(intervene.layer_map('rd_attnres', {s: (v[0], v[1], {}) for s, v in by_seed.items()}))
+    assert 'ρ =' not in bare and '| 0/3 | - |' in bare, bare
     assert intervene.layer_map('rd_attnres', {4: by_seed[4]}) == []   # no seed measured per layer: no map
+
+
+def test_rank_correlation_is_spearmans_on_ranks_not_values():
+    x = [1, 2, 3, 4, 5]
+    assert intervene.rank_correlation(x, [v ** 3 for v in x]) == pytest.approx(1.0)   # monotone: 1 (Pearson: < 1)
+    assert intervene.rank_correlation(x, [-v for v in x]) == pytest.approx(-1.0)
+    # 1 2 3 4 5 against 2 1 4 3 5: 1 − 6·Σd²/(n(n²−1)) = 1 − 6·4/120 = 0.8
+    assert intervene.rank_correlation(x, [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    # ties share their mean rank: 1 1 2 → ranks 0.5 0.5 2 against 0 1 2: 1.5 / √(1.5 · 2)
+    assert intervene.rank_correlation([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / 3 ** 0.5)
+    assert intervene.rank_correlation([1, 2, 3], [4, 4, 4]) is None   # a constant side: no correlation to speak of
+    assert intervene.rank_correlation([1, 2], [1, 2]) is None          # two pairs: too few
+
+
+def test_final_routing_reads_the_final_evaluations_routes_and_nothing_from_a_bad_log(tmp_path):
+    config = {'max_iters': 4}
+    row = {'step': 4, 'val_loss': 3.0, 'routing': {'summary': [
+        {'layer': 0, 'js_qk_v': 0.0, 'depth_qk': 0.0, 'depth_v': 0.0},
+        {'layer': 1, 'js_qk_v': 0.25, 'depth_qk': 0.5, 'depth_v': 0.75}]}}
+    early = dict(row, step=2, routing={'summary': [{'layer': 1, 'js_qk_v': 0.9, 'depth_qk': 0.1, 'depth_v': 0.2}]})
+    (tmp_path / 'log.jsonl').write_text(json.dumps(early) + '\n' + json.dumps(row) + '\n')
+    assert intervene.final_routing(str(tmp_path), config) == {0: (0.0, 0.0, 0.0), 1: (0.25, 0.5, 0.75)}
+    for bad in ('{"step": 4, "val_loss": 3.0, "routing": {"summary": [{"layer": "x"}]}}\n',   # not as train.py writes it
+                '{"step": 4, "val_loss": 3.0, "routing": 7}\n', 'not json\n',
+                json.dumps(early) + '\n'):   # no final evaluation row
+        (tmp_path / 'log.jsonl').write_text(bad)
+        assert intervene.final_routing(str(tmp_path), config) == {}, bad
+    os.remove(tmp_path / 'log.jsonl')
+    assert intervene.final_routing(str(tmp_path), config) == {}
+
+
+def test_the_layer_map_figure_is_a_png_with_a_bar_per_layer_and_tie(tmp_path):
+    by_seed = {s: ({'as_trained': 3.0, 'v_as_qk@0': 3.0 + 0.01 * s, 'v_as_qk@1': 3.0, 'qk_as_v@0': 3.0,
+                    'qk_as_v@1': 3.01}, 'final', {0: (0.0, 0, 0), 1: (0.1 * s, 1, 1)}) for s in (1, 2)}
+    path = intervene.layer_map_figure('rd_attnres', by_seed, str(tmp_path / 'layer_map_rd_attnres.png'))
+    assert open(path, 'rb').read(8) == b'\x89PNG\r\n\x1a\n' and os.listdir(tmp_path) == ['layer_map_rd_attnres.png']
+    one = intervene.layer_map_figure('rd_attnres', {1: by_seed[1]}, str(tmp_path / 'one.png'))   # one seed: no CI
+    assert open(one, 'rb').read(4) == b'\x89PNG'

@@ -551,6 +551,9 @@ def test_a_runs_export_and_interventions_are_its_own_through_overwrite_and_rerun
     report = (tmp_path / 'plan_report.md').read_text()
     assert (f"| 1 | step 15 (final), checkpoint {first['model']['checkpoint_sha256'][:8]} | "
             f"{first['nll']['as_trained']:.4f} |") in report, report
+    # with its plots, the report draws the run's layer map beside them
+    assert study.report(plan, str(tmp_path)) == 0
+    assert (tmp_path / 'runs' / 'plots' / 'layer_map_rd_attnres.png').read_bytes()[:4] == b'\x89PNG'
     # a kill during an export leaves its temporary file (GBs at the paper's size): the next run removes it
     (run / 'final.safetensors.tmp').write_bytes(b'half an export')
     p = study_run(plan, tmp_path, data_dir, '--no_report')
