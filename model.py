@@ -260,7 +260,7 @@ class Block(nn.Module):
             return self.attn(x_qk, x_v, cos, sin)
         return self.attn(x_qk, x_qk, cos, sin)            # attnres: one read feeds q, k and v
 
-    def sublayer_output(self, is_attention, h, cos, sin):
+    def run_sublayer(self, is_attention, h, cos, sin):
         """This block's attention sublayer's output (else its MLP's) from its read point's h (R, B, T, d).
         The MLP's read has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
         return self.attention(h, cos, sin) if is_attention else self.mlp(self.norm_mlp(h[0]))
@@ -328,7 +328,7 @@ class GPT(nn.Module):
 
     def sublayer_output(self, l, h):
         """The output of sublayer l (attention when l is even, MLP when odd) from its read point's h (R, B, T, d)."""
-        return self.transformer.h[l // 2].sublayer_output(l % 2 == 0, h, self.rope_cos, self.rope_sin)
+        return self.transformer.h[l // 2].run_sublayer(l % 2 == 0, h, self.rope_cos, self.rope_sin)
 
     def forward_depth_routed(self, embedding):
         """Every sublayer reads its input from the sources instead of a running sum. Sources are *increments*:

@@ -128,7 +128,7 @@ def attnres_block(is_attention, reads, blocks, x, inv_rms, bias, cos, sin):
         with torch.autocast(device_type=x.device.type, enabled=False):
             state = (m[rows[i]:rows[i + 1]], den[rows[i]:rows[i + 1]], num[rows[i]:rows[i + 1]])
             h = phase2(state, w[i], partial)
-        out = block.sublayer_output(is_attention[i], h, cos, sin)
+        out = block.run_sublayer(is_attention[i], h, cos, sin)
         partial = source(out if partial is None else partial[0] + fp32(out))
     return partial
 ### END WITH SOLUTION

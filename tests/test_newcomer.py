@@ -122,6 +122,11 @@ def test_the_readmes_first_screen_starts_a_reader_and_its_reading_order_points_a
     assert len(CONTROLS) == 4 and len(set(RESIDUAL_MODES) - set(CONTROLS)) == 3
     assert 'Three modes' in first_screen and 'four controls' in first_screen
     assert all(f'`{mode}`' in first_screen for mode in RESIDUAL_MODES)
+    # "The lesson is `model.py` (N lines) and `train.py` (M)": the two files' lengths today
+    lesson = re.search(r'The lesson is `model.py` \((\d+) lines\) and `train.py` \((\d+)\)', text.replace('\n', ' '))
+    assert lesson, first_screen
+    for path, said in zip(('model.py', 'train.py'), lesson.groups()):
+        assert len(open(os.path.join(HERE, path), encoding='utf-8').read().splitlines()) == int(said), (path, said)
     # "name (file.py:N)": line N of file.py defines name (a def or a class; Class.method: the method)
     refs = re.findall(r'`([\w.]+)`[^`(]{0,40}\((\w+\.py):(\d+)\)', first_screen)
     assert {f for _, f, _ in refs} >= {'model.py', 'train.py', 'compare.py'}, refs
