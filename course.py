@@ -6,6 +6,7 @@ The course kit: hand out the depth-routing assignments and grade a class (COURSE
     python course.py release release/              # the solution-free release: all five to write
     python course.py check 2                       # student: assignment 2's public tests, here
     python course.py grade 2 submissions/          # instructor: one folder, or a class (a folder per student)
+    python course.py grade 2 upload.zip            # one upload as a zip (read as data, never unpacked by a tool)
     python course.py grade 2 submissions/ --out grades/ --timeout 120 --gradescope results.json
 
 The solution of assignment N is marked in the real code, nbgrader-style:
@@ -216,6 +217,10 @@ def check(n, directory='.', first=False, **run):
 MAX_SOURCE = 1_000_000   # bytes: a file of an assignment is a few kB (model.py, the largest, about 25 kB)
 
 
+KINDS = {stat.S_IFDIR: 'a folder', stat.S_IFIFO: 'a FIFO', stat.S_IFCHR: 'a character device',
+         stat.S_IFBLK: 'a block device', stat.S_IFSOCK: 'a socket'}   # what a file that is not a regular one is
+
+
 class NotHandedIn(Exception):
     """A file of a submission that is not graded (missing, a link, not a regular file, too large): why, in words.
     flagged: not the student's fault, or not surely (a hard link another student may have made): the row is
@@ -233,7 +238,7 @@ class Flagged(str):
 
 def read_handed_in(submission, f, follow=True):
     """The text of file f of a submission folder: a regular file of the folder itself (never a link, hard or
-    symbolic, a device, a FIFO or a folder), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not
+    symbolic, a device, a FIFO or a folder: none of them is opened), at most MAX_SOURCE bytes, decoded as UTF-8 (a byte that is not
     UTF-8 becomes U+FFFD and is graded as the code it is). With follow=False the folder itself must not be a
     link either."""
     try:
@@ -242,23 +247,30 @@ def read_handed_in(submission, f, follow=True):
         raise NotHandedIn("the submission folder is a link: hand in a folder" if e.errno in (errno.ELOOP, errno.ENOTDIR)
                           and os.path.islink(submission) else f"the submission folder cannot be read ({e.strerror})")
     try:
-        try:   # (O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link is refused, not read)
-            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        try:   # (O_PATH: the entry itself, opened for nothing: a device or a FIFO is never opened, which can have
+            #  effects (a watchdog, a tape, a writer woken); O_NOFOLLOW: a link is the link, never what it names)
+            where = os.open(f, os.O_PATH | os.O_NOFOLLOW, dir_fd=folder)
         except OSError as e:
             if e.errno == errno.ENOENT:
                 raise NotHandedIn(f"{f} is missing from the submission")
-            if e.errno == errno.ELOOP:
-                raise NotHandedIn(f"{f} is a link: hand in the file itself")
             raise NotHandedIn(f"{f} cannot be read ({e.strerror}): hand in a plain file")
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise NotHandedIn(f"{f} is not a regular file: hand in the file itself")
-        if st.st_nlink > 1:   # (a hard link: the same file under another name, another student's perhaps, who
-            os.close(fd)      # may be the victim: flagged, never graded as either's)
-            raise NotHandedIn(f"{f} is a hard link (one file with {st.st_nlink} names, the others outside this "
-                              "folder): not graded, as it may be another's file; the instructor will look at it",
-                              flagged=True)
+        try:
+            st = os.fstat(where)
+            if stat.S_ISLNK(st.st_mode):
+                raise NotHandedIn(f"{f} is a link: hand in the file itself")
+            if not stat.S_ISREG(st.st_mode):
+                raise NotHandedIn(f"{f} is not a regular file ({KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}): "
+                                  "hand in the file itself")
+            if st.st_nlink > 1:   # (a hard link: the same file under another name, another student's perhaps, who
+                                  # may be the victim: flagged, never graded as either's)
+                raise NotHandedIn(f"{f} is a hard link (one file with {st.st_nlink} names, the others outside this "
+                                  "folder): not graded, as it may be another's file; the instructor will look at it",
+                                  flagged=True)
+            fd = os.open(f'/proc/self/fd/{where}', os.O_RDONLY)   # (the file found above, whatever its name is now)
+        except OSError as e:
+            raise NotHandedIn(f"{f} cannot be read ({e.strerror}): hand in a plain file")
+        finally:
+            os.close(where)
         with os.fdopen(fd, 'rb') as fin:
             if st.st_size > MAX_SOURCE:
                 raise NotHandedIn(f"{f} is {st.st_size:,} bytes, more than the {MAX_SOURCE:,} a source file of an "
@@ -469,13 +481,122 @@ def same_files(subs, files):
     return out
 
 
-def not_graded(n, submission, name, why):
-    """The row of a submission whose grading failed (whatever failed, the grader's own code included)."""
+# A submission may come as a zip (Gradescope's upload, before Gradescope unpacks it; an export of a class): it is read
+# as data, never unpacked by a tool. Only the entries that can be a file of the assignment are written out (regular
+# files whose path ends with one, read up to MAX_SOURCE + 1 bytes each), into a folder of the grader's own; a bomb
+# of other entries is never expanded.
+MAX_ZIP = 100 * 2 ** 20   # bytes of a zip (Gradescope's uploads are at most 100 MB)
+ZIP_ENTRIES = 20_000      # entries of a zip, as MOST_ENTRIES of a folder (its directory is read into memory)
+ZIP_COPIES = 16           # entries that can be a file of the assignment (several copies of the project)
+
+
+def zip_entries(path):
+    """The number of entries a zip's end record says it holds, read before its directory is (a directory of
+    millions of entries would take gigabytes to read), or None where there is no such record."""
+    with open(path, 'rb') as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 22 - 65535))
+        tail = f.read()
+    at = tail.rfind(b'PK\x05\x06')
+    if at < 0 or len(tail) < at + 22:
+        return None
+    return int.from_bytes(tail[at + 10:at + 12], 'little')   # (0xffff: a zip64 archive, more than this counts)
+
+
+def unpacked(n, zip_path, dest):
+    """None once the files of assignment n in the zip at zip_path are written under dest (a folder that exists), as
+    the zip names them; else why the zip is not graded, in words with what to do: not a zip that can be read, too
+    large, an entry outside the zip's folder (an absolute path, a '..'), two entries that would be one file (the
+    same name, or names that differ only in Unicode normalisation), a file of the assignment that is a link or not a
+    regular file, or larger than MAX_SOURCE. A link is never made, nothing outside dest is written, nothing is
+    expanded past MAX_SOURCE + 1 bytes."""
+    import unicodedata
+    import zipfile
+    from course_kit.grader import shown
+    again = "zip the project folder (or only the assignment's files) again, and submit again"
+    files = files_of(n)
+    try:
+        size = os.path.getsize(zip_path)
+        if size > MAX_ZIP:
+            return f"the zip is {size:,} bytes, more than the {MAX_ZIP:,} an upload may have: zip only the project's files"
+        entries = zip_entries(zip_path)
+        if entries is None or entries > ZIP_ENTRIES:
+            return (f"the zip holds more than {ZIP_ENTRIES:,} entries" if entries else "the file is not a zip that "
+                    "can be read (no end record)") + f": {again}"
+        with zipfile.ZipFile(zip_path) as z:
+            infos = z.infolist()
+            if len(infos) > ZIP_ENTRIES:
+                return f"the zip holds more than {ZIP_ENTRIES:,} entries: {again}"
+            seen = {}
+            for info in infos:
+                name = info.filename
+                parts = name.replace('\\', '/').split('/')
+                if name.startswith(('/', '\\')) or re.match(r'^[A-Za-z]:', name) or '..' in parts:
+                    return (f"the zip holds an entry outside its folder ({student_text(name)}: an absolute path or "
+                            f"a '..'): {again}")
+                clean = '/'.join(p for p in parts if p not in ('', '.'))
+                key = unicodedata.normalize('NFC', clean)
+                if key in seen:
+                    other, other_clean = seen[key]
+                    return ((f"the zip holds two entries for one file ({student_text(other)} and {student_text(name)})"
+                             if other_clean == clean else
+                             f"the zip holds two entries whose names differ only in Unicode normalisation "
+                             f"({student_text(other)} and {student_text(name)}): one file on some systems")
+                            + f": {again}")
+                seen[key] = name, clean
+            wanted = [info for info in infos if any(info.filename == f or info.filename.endswith('/' + f) for f in files)]
+            if len(wanted) > ZIP_COPIES:
+                return f"the zip holds {len(wanted)} copies of {', '.join(files)}: upload one copy of the project"
+            for info in wanted:
+                name = info.filename
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                if kind == stat.S_IFLNK:
+                    return f"{student_text(name)} is a link in the zip: zip the file itself, and submit again"
+                if info.is_dir() or kind not in (0, stat.S_IFREG):
+                    return f"{student_text(name)} is not a regular file in the zip: zip the file itself, and submit again"
+                if info.file_size > MAX_SOURCE:
+                    return (f"{student_text(name)} is {info.file_size:,} bytes, more than the {MAX_SOURCE:,} a source "
+                            "file of an assignment may have: hand in the handout's file with your lines")
+                with z.open(info) as fin:
+                    data = fin.read(MAX_SOURCE + 1)   # (a size that lies is read no further)
+                if len(data) > MAX_SOURCE:
+                    return (f"{student_text(name)} is more than {MAX_SOURCE:,} bytes: hand in the handout's file with "
+                            "your lines")
+                at = dest
+                for part in [p for p in name.split('/') if p not in ('', '.')][:-1]:
+                    at = os.path.join(at, part)
+                    if not os.path.isdir(at):
+                        os.mkdir(at, 0o700)
+                fd = os.open(os.path.join(at, os.path.basename(name)), os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                             os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, 'wb') as out:
+                    out.write(data)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError, ValueError) as e:
+        # (a cut or garbled zip, a bad CRC, an encrypted entry or a method zipfile does not know)
+        return f"the zip cannot be read ({type(e).__name__}: {shown(e, 200)}): {again}"
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return f"the zip cannot be unpacked ({shown(e.strerror or e, 200)}): {again}"
+    return None
+
+
+def student_text(name):
+    """A name from a submission (a zip's entry) as a message shows it: inert, labelled, and with what could make it
+    print like another name escaped (course_grader.shown_name)."""
+    from course_kit.grader import shown_name
+    return f"[from the submission: {shown_name(name)}]"
+
+
+def not_graded(n, submission, name, why, status='not graded'):
+    """The row of a submission whose grading failed (whatever failed, the grader's own code included), or with
+    status 'no answer', of one that cannot be graded by its own doing (a zip that cannot be read as one)."""
     from course_kit import grader as course_grader
     concepts = course_grader.concepts(n)
     return row(submission, concepts, {c.name: 0 for c in concepts},
                {c.name: [f"  FAIL 0/{c.marks}  {c.name}"] for c in concepts},
-               [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"], 'not graded', 0.0)
+               [f"assignment {n}: {ASSIGNMENTS[n]['title']} -- {name}", f"  not graded: {why}"], status, 0.0)
 
 
 def row(submission, concepts, marks, by_concept, head, status, seconds):
@@ -734,6 +855,22 @@ def one_upload(n, folder):
            f"{'them' if len(others) > 1 else 'it'})" if others else ''))
 
 
+def zipped_upload(n, path):
+    """A zip given to grade: one upload (as Gradescope grades one), unpacked as data (unpacked) into a folder of the
+    grader's own: ([sub], what to say or None, why it is not graded or None, the folder to remove). Its student's
+    name is the zip's, less '.zip'."""
+    from course_kit import grader as course_grader
+    from course_kit.grader import name_note, shown_name, skeleton
+    name = os.path.basename(os.path.abspath(path))
+    name = name[:-len('.zip')] if name.lower().endswith('.zip') and len(name) > 4 else name
+    dest = tempfile.mkdtemp(dir=course_grader.grading_folder())   # (0700, root's: no sandbox's user reads it)
+    why = unpacked(n, path, dest)
+    if why:
+        return [(shown_name(name), dest, True, name_note(name), skeleton(name))], None, why, dest
+    subs, said = one_upload(n, dest)
+    return [(shown_name(name), subs[0][1], subs[0][2], name_note(name), skeleton(name))], said, None, dest
+
+
 def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=False, sandbox='bubblewrap',
           layout=None):
     """Grade a submission or a class (jobs submissions at a time, each in sandboxes of its own); print each
@@ -744,7 +881,8 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     (course_grader.SANDBOXES) or 'none' (trusted=True: trusted submissions). Returns [(name as shown, row)]; a
     row's status is graded, timed out, no answer or not graded. What cannot be written (a full disk) is said in
     one line, NotWritten, after everything that could be written is: the gradebook first. layout: 'submission' or
-    'class', said where the folder reads as both (submissions_in refuses it otherwise)."""
+    'class', said where the folder reads as both (submissions_in refuses it otherwise). A file given as the folder is
+    one upload, a zip (zipped_upload)."""
     from concurrent.futures import ThreadPoolExecutor
     import io
     from course_kit import grader as course_grader
@@ -762,13 +900,15 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
         problem = where and writable_folder(where, what)
         if problem:   # (before the class is graded: minutes of work that could not be kept)
             raise NotWritten(problem, [])
-    upload, skipped = None, []
-    if one_file:
+    upload, skipped, refused, unzipped = None, [], None, None
+    if os.path.isfile(folder):   # a zip (Gradescope's upload): one submission, read as data
+        subs, upload, refused, unzipped = zipped_upload(n, folder)
+    elif one_file:
         subs, upload = one_upload(n, folder)
-        if upload:
-            print(upload, flush=True)
     else:
         subs, skipped = submissions_in(n, folder, layout)
+    if upload:
+        print(upload, flush=True)
     if sandbox == 'uid':   # (no namespace hides the file system: what that user could read must be closed to it)
         closed_to_sandbox(n, [sub[1] for sub in subs])
     for why in skipped:
@@ -780,8 +920,11 @@ def grade(n, folder, out_dir=None, limit=None, gradescope=None, jobs=1, trusted=
     # one file under two students' names (a hard link): neither graded, both flagged
     same = same_files([(sub[0], locate(n, sub[1])[0]) for sub in subs], files_of(n))
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        graded = list(pool.map(lambda i: not_graded(n, subs[i][1], subs[i][0], same[i]) if i in same else
+        graded = list(pool.map(lambda i: not_graded(n, subs[i][1], subs[i][0], refused, 'no answer') if refused else
+                               not_graded(n, subs[i][1], subs[i][0], same[i]) if i in same else
                                grade_safely(n, subs[i][1], subs[i][0], limit, sandbox, subs[i][2]), range(len(subs))))
+    if unzipped:
+        course_grader.remove_tree(unzipped)
     if upload:
         for r in graded:
             r['head'].insert(1, f"  {upload}")
@@ -904,7 +1047,7 @@ def main(argv):
                    help="uid where Gradescope's container cannot start bubblewrap (COURSE.md says what it loses)")
     p = sub.add_parser('grade', help='grade a submission, or a class (a folder per student)')
     p.add_argument('n', type=int)
-    p.add_argument('folder')
+    p.add_argument('folder', help="a submission's folder, a class (a folder per student), or one upload as a zip")
     p.add_argument('--out', help="write each student's feedback, results.json and the gradebook CSV here")
     p.add_argument('--timeout', type=float, help="CPU seconds per concept of a submission (default 60)")
     p.add_argument('--gradescope', help="Gradescope's results.json: this file for one submission, this folder "

@@ -15,12 +15,13 @@ namespaces, the grading tree read-only, a private /tmp and /dev/shm of 64 MB eac
 nothing else of the machine but the system's and Python's own read-only files, and an empty environment;
 run as root, the worker drops to an unprivileged user of its own before it reads anything; then, where the
 kernel has Landlock (worker_probe), it takes every write to the file system from itself, and TCP
-(course_worker.no_writes), and a seccomp filter refuses it memfd and System V IPC (course_worker.no_shared_memory,
+(course_worker.no_writes), and a seccomp filter refuses it memfd, System V IPC and sockets (course_worker.no_sharing,
 said where it cannot); resource limits (set by the worker on itself) on memory, CPU time, processes,
 file size, and a wall clock per concept kept here; its whole process tree ends with it (a PID namespace).
 Where bubblewrap cannot start (a container without user namespaces), --sandbox uid runs the worker as a
-user of its own, as root, with the same limits and Landlock, and ends every process of that user afterwards
-(COURSE.md says what it loses, and grading says so where Landlock cannot be used). Without a
+user of its own, as root, with the same limits, Landlock and filter, in network, IPC, PID and mount namespaces
+of its own where the kernel makes them (course_worker.own_namespaces), and ends every process of that user
+afterwards (COURSE.md says what it loses, and grading says so where a mechanism cannot be used: what_is_lost). Without a
 sandbox, grading refuses unless told the submissions are trusted (--trusted): then the worker runs as a
 plain process with the same limits.
 
@@ -657,7 +658,7 @@ def check_sandbox(sandbox):
         if probe.returncode != 0:
             raise NoSandbox(f"bubblewrap cannot start a sandbox here ({last_line(probe.stderr) or probe.returncode}): "
                             "this machine or container does not allow the namespaces it needs. As root, grade with "
-                            "--sandbox uid (a user of its own, without namespaces: COURSE.md says what it loses).")
+                            "--sandbox uid (a user of its own: COURSE.md says what it loses).")
     elif sandbox == 'uid' and os.geteuid() != 0:
         raise NoSandbox("--sandbox uid runs each submission as a user of its own, which only root can do: run the "
                         "grader as root, or use bubblewrap (the default)")
@@ -674,37 +675,76 @@ def check_sandbox(sandbox):
                                 "(as Gradescope's image does: /usr, or a venv under /autograder) with TMPDIR=/tmp")
     elif sandbox not in SANDBOXES:
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
-    abi, why, ipc = worker_probe(sandbox)
-    loses = [without_landlock(why) if sandbox == 'uid' and not abi else '',
-             without_seccomp(sandbox, ipc) if sandbox != 'none' and ipc else '']
-    return '; and '.join(x for x in loses if x) or None
+    return what_is_lost(sandbox, *worker_probe(sandbox))
 
 
-def without_seccomp(sandbox, why):
-    """What `sandbox` loses where the worker's seccomp filter cannot be installed (why: the reason), in one line."""
-    ipc = (", and System V shared memory, message queues and semaphores that two students graded at once can share"
-           if sandbox == 'uid' else '')   # (bubblewrap's worker has an IPC namespace of its own)
-    return (f"--sandbox {sandbox}: seccomp cannot be used here ({shown(why, 120)}): a submission can hold memory "
-            f"its address-space limit does not count (memfd_create){ipc} (COURSE.md, \"How grading works\")")
+# What a submission could do were a mechanism missing, and the mechanisms that each stop it (any one suffices), for
+# each sandbox: said where all of them are missing here, under the first (LANDLOCK, SECCOMP, NAMESPACES)
+LANDLOCK, SECCOMP, NAMESPACES = 'Landlock', 'seccomp', 'namespaces'
+SHARED_WRITES = ("write to the machine's shared temporary folders (/tmp, /var/tmp, /dev/shm, /run/lock) like any user "
+                 "(64 MB a file but not bounded in total, removed after its run)")
+UNCOUNTED = "hold memory its address-space limit does not count (memfd_create)"
+SYSTEM_V = "share System V shared memory, message queues and semaphores with a student graded at the same time"
+UDP = "send UDP datagrams to the machine's ports (127.0.0.1)"
+TCP = "connect to the machine's TCP ports"
+ABSTRACT = "connect to abstract Unix sockets outside its own processes"
+UNIX_FILES = "connect to the Unix sockets in the file system that every user may connect to"
+PROCESSES_SEEN = ("see every process on the machine in /proc, with its command line (the grader's, with its class "
+                  "and --out folders, among them)")
 
 
-def without_landlock(why):
-    """What the uid sandbox loses where Landlock cannot be used (why: the reason), in one line."""
-    return (f"--sandbox uid: Landlock cannot be used here ({shown(why, 120)}): a submission can write to the "
-            "machine's shared temporary folders (/tmp, /var/tmp, /dev/shm, /run/lock) like any user, 64 MB a file but "
-            "not bounded in total, removed after its run, and open network connections (COURSE.md, \"Where "
-            "bubblewrap cannot start\")")
+def losses(sandbox, abi):
+    """[(what a submission could do, the mechanisms that each stop it)] in `sandbox` with Landlock's ABI `abi` (0:
+    none; TCP is Landlock's from ABI 4, abstract sockets from ABI 6)."""
+    if sandbox == 'bubblewrap':   # (its own namespaces and tmpfs of FILE_SIZE: what Landlock and sockets would reach)
+        return [(UNCOUNTED, (SECCOMP,))]
+    if sandbox != 'uid':
+        return []
+    return [(SHARED_WRITES, (LANDLOCK,)), (UNCOUNTED, (SECCOMP,)), (SYSTEM_V, (SECCOMP, NAMESPACES)),
+            (TCP, (LANDLOCK,) * (abi == 0 or abi >= 4) + (SECCOMP, NAMESPACES)), (UDP, (SECCOMP, NAMESPACES)),
+            (ABSTRACT, (LANDLOCK,) * (abi == 0 or abi >= 6) + (SECCOMP, NAMESPACES)), (UNIX_FILES, (SECCOMP,)),
+            (PROCESSES_SEEN, (NAMESPACES,))]
+
+
+def what_is_lost(sandbox, abi, why_landlock='', why_seccomp='', why_namespaces=''):
+    """What `sandbox` loses on this machine, in one line, or None: for each mechanism that cannot be used here (why:
+    its reason; Landlock where abi is 0), "--sandbox S: <it> cannot be used here (why): a submission can ..." with
+    each loss that no other mechanism stops, said once, under the first of them."""
+    missing = {LANDLOCK: why_landlock if not abi else '', SECCOMP: why_seccomp, NAMESPACES: why_namespaces}
+    said, clauses = set(), []
+    where = '"Where bubblewrap cannot start"' if sandbox == 'uid' else '"How grading works"'
+    for mechanism in (LANDLOCK, SECCOMP, NAMESPACES):
+        if not missing[mechanism]:
+            continue
+        lost = [what for what, stoppers in losses(sandbox, abi)
+                if mechanism in stoppers and what not in said and all(missing[m] for m in stoppers)]
+        if lost:
+            said.update(lost)
+            clauses.append(f"--sandbox {sandbox}: {mechanism} cannot be used here ({shown(missing[mechanism], 120)}): "
+                           f"a submission can {', '.join(lost[:-1]) + ' and ' if len(lost) > 1 else ''}{lost[-1]} "
+                           f"(COURSE.md, {where})")
+    return '; and '.join(clauses) or None
 
 
 # What a worker does before any student code runs, done once by a process of the sandbox's kind: the uid sandbox's
-# user (FIRST_UID - 1) or this process's, with an empty environment. Its result: whether Landlock takes writing
-# from the worker here (so the grader asks every worker to: run_worker), and that torch starts without writing.
-PROBE = """import importlib.util, json, os, sys, tempfile
+# user (FIRST_UID - 1, after namespaces of its own) or this process's, with an empty environment. Its result: whether
+# Landlock takes writing from the worker here (so the grader asks every worker to: run_worker), whether the seccomp
+# filter refuses what it should, whether namespaces hide the machine's processes (the uid sandbox), and that torch
+# starts without writing.
+PROBE = """import importlib.util, json, os, socket, sys, tempfile
 spec = importlib.util.spec_from_file_location('course_worker', sys.argv[1])
 worker = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(worker)
+ns = ''
+if sys.argv[3]:
+    try:
+        worker.own_namespaces()
+    except OSError as e:
+        ns = e.strerror or str(e)
 if sys.argv[2]:
     os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2]))
+if sys.argv[3] and not ns and sorted(p for p in os.listdir('/proc') if p.isdigit()) != [str(os.getpid())]:
+    ns = 'its /proc shows other processes'
 abi, why = worker.landlock_abi(), ''
 try:
     worker.confine()
@@ -717,32 +757,34 @@ except OSError as e:
     abi, why = 0, e.strerror or str(e)
 ipc = ''
 try:
-    worker.no_shared_memory()
-    try:
-        os.close(os.memfd_create('probe'))
-        ipc = 'it refused nothing'
-    except PermissionError:
-        pass
+    worker.no_sharing()
+    for refused in (lambda: os.close(os.memfd_create('probe')), lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)):
+        try:
+            refused()
+            ipc = 'it refused nothing'
+        except PermissionError:
+            pass
 except OSError as e:
     ipc = e.strerror or str(e)
 import torch, safetensors
-print(json.dumps([abi, why, ipc]))
+print(json.dumps([abi, why, ipc, ns]))
 """
-_probed = {}   # the probing user ('': this process's) -> (ABI, why not, why seccomp not)
+_probed = {}   # the probing user ('': this process's) -> (ABI, why not, why seccomp not, why namespaces not)
 _probe_lock = threading.Lock()
 
 
 def worker_probe(sandbox):
-    """(Landlock's ABI, '', '') where the worker of `sandbox` takes writing from itself and refuses memfd and
-    System V IPC (course_worker.no_shared_memory), else 0 and why not in the first place, why not in the second;
-    NoSandbox where a process of the sandbox's kind cannot start torch. Asked once per process and sandbox."""
+    """(Landlock's ABI, '', '', '') where the worker of `sandbox` takes writing from itself, refuses memfd, System V
+    IPC and sockets (course_worker.no_sharing) and, in the uid sandbox, moves into namespaces of its own
+    (course_worker.own_namespaces); else 0 and why not in the first place, why not in the second, why not in the
+    third; NoSandbox where a process of the sandbox's kind cannot start torch. Asked once per process and sandbox."""
     user = str(FIRST_UID - 1) if sandbox == 'uid' else ''   # (bubblewrap's worker: as this process, for Landlock)
     with _probe_lock:
         if user not in _probed:
-            p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user], env={}, cwd='/',
-                               capture_output=True, text=True)
+            p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user, '1' if user else ''],
+                               env={}, cwd='/', capture_output=True, text=True)
             try:
-                abi, why, ipc = json.loads(p.stdout.strip().split('\n')[-1])
+                abi, why, ipc, ns = json.loads(p.stdout.strip().split('\n')[-1])
             except (ValueError, IndexError):
                 if sandbox == 'uid':
                     raise NoSandbox(f"--sandbox uid: a user of its own cannot run this Python ({sys.executable}: "
@@ -751,7 +793,7 @@ def worker_probe(sandbox):
                                     "/autograder)") from None
                 raise NoSandbox(f"this Python cannot start torch as a sandbox's worker does ({sys.executable}: "
                                 f"{last_line(p.stderr) or p.returncode})") from None
-            _probed[user] = (int(abi), str(why), str(ipc))
+            _probed[user] = (int(abi), str(why), str(ipc), str(ns))
         return _probed[user]
 
 
@@ -902,12 +944,14 @@ def sandbox_command(tree, cpu_seconds=60, no_writes=False):
     return cmd + [sys.executable, '-I', '-B', '/grade/course_worker.py']
 
 
-def worker_env(cpu_seconds, no_writes=False):
+def worker_env(cpu_seconds, no_writes=False, namespaces=False):
     """The worker's whole environment: nothing of the grader's (it may hold secrets), its limits (with no_writes:
-    Landlock takes writing from it, course_worker.confine), and, as root, the user it becomes."""
+    Landlock takes writing from it, course_worker.confine; with namespaces: it moves into namespaces of its own
+    before it becomes its user, course_worker.own_namespaces), and, as root, the user it becomes."""
     env = dict(PATH='/usr/bin:/bin', HOME='/tmp', OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1',
                COURSE_WORKER_LIMITS=json.dumps(dict(memory=MEMORY, cpu_seconds=int(cpu_seconds) + 1,
-                                                    file_size=FILE_SIZE, processes=PROCESSES, no_writes=no_writes)))
+                                                    file_size=FILE_SIZE, processes=PROCESSES, no_writes=no_writes,
+                                                    namespaces=namespaces)))
     if os.geteuid() == 0:
         env['COURSE_WORKER_USER'] = str(next_uid())
     return env
@@ -1036,11 +1080,12 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     (Python and torch started, within STARTUP). Once every concept has answered, whatever the code left running
     ends with the sandbox. `tree` lies in a student's folder of grading_folder(): under the uid sandbox that
     folder becomes the sandbox user's alone (0700) for the run, with its TMPDIR and HOME in it."""
-    uid, no_writes = None, worker_probe(sandbox)[0] > 0   # (Landlock here: the worker takes its writes from itself)
+    abi, _, _, no_namespaces = worker_probe(sandbox)
+    uid, no_writes = None, abi > 0   # (Landlock here: the worker takes its writes from itself)
     if sandbox == 'bubblewrap':   # (bubblewrap itself starts with an empty environment: the code's /proc/1/environ is empty)
         env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts, no_writes)
-    else:
-        env, cmd = (worker_env(cpu_seconds * n_concepts, no_writes),
+    else:   # (the uid sandbox: namespaces of its own where the kernel makes them here)
+        env, cmd = (worker_env(cpu_seconds * n_concepts, no_writes, sandbox == 'uid' and not no_namespaces),
                     [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')])
         if sandbox == 'uid':   # the worker becomes a user of its own (COURSE_WORKER_USER) before it reads anything
             uid = int(env['COURSE_WORKER_USER'])
@@ -1089,7 +1134,7 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         full = full or disk_full(work)
         if proc.returncode == course_worker.EX_OSERR and answered() == 0:   # (before any student code ran)
             said = last_line(bytes(stderr.tail).decode('utf-8', 'replace'))
-            raise NoSandbox(f"the worker could not take writing from itself ({said})")
+            raise NoSandbox(f"the worker could not confine itself before running any code ({said})")
         # the CPU limit sends SIGXCPU (bubblewrap reports its child's death by a signal as 128 + the signal);
         # SIGKILL is the hard limit's, when SIGXCPU was ignored, or the kernel's when memory ran out
         if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):

@@ -14,9 +14,11 @@ A request holds the probes of one or more concepts. The worker first writes a fr
 8 bytes of length, then a safetensors blob); each concept gets its own CPU time
 (a soft limit, raised before each concept): a concept that loops or ends the process leaves the earlier
 concepts answered, and the grader runs the later ones again. Before it reads anything, the worker sets its
-limits, becomes the user the grader names, and, where the grader found Landlock, takes every write to the file
-system from itself (no_writes): the code under test writes nowhere on disk; then it refuses itself memfd and System V
-IPC (no_shared_memory): no memory its limits do not count, nothing shared with a student graded beside it.
+limits, moves into namespaces of its own where the grader asks (the uid sandbox, as root: own_namespaces), becomes
+the user the grader names, and, where the grader found Landlock, takes every write to the file system from itself
+(no_writes): the code under test writes nowhere on disk; then it refuses itself memfd, System V IPC and sockets
+(no_sharing): no memory its limits do not count, nothing shared with a student graded beside it, nothing sent to
+the machine.
 """
 
 import contextlib
@@ -333,20 +335,23 @@ def confine():
 
 # -----------------------------------------------------------------------------
 # A seccomp filter (Linux 3.17 on), the worker's own, for good and for every process it starts: no memory the
-# address-space limit does not count (memfd_create, memfd_secret: a file in memory, held without being mapped) and
-# no System V IPC (shmget, shmat, msgget, semget: the uid sandbox has no IPC namespace of its own, so two
-# students graded at once would share it). Each fails with EPERM; every other system call is left alone.
+# address-space limit does not count (memfd_create, memfd_secret: a file in memory, held without being mapped), no
+# System V IPC (shmget, shmat, msgget, semget: two students graded at once would share it where there is no IPC
+# namespace) and no socket of any family (socket: UDP, which Landlock does not restrict, and the Unix sockets in the
+# file system that every user may connect to; honest code needs none, and glibc's lookups that try nscd's socket
+# go on without it). Each fails with EPERM; every other system call is left alone (socketpair too: a connected
+# pair reaches nothing outside).
 
 SECCOMP_SET_MODE_FILTER, EPERM = 1, 1
 AUDIT_ARCHES = {   # the machine -> (its AUDIT_ARCH, seccomp's number, the numbers refused)
     'x86_64': (0xC000003E, 317, {'memfd_create': 319, 'memfd_secret': 447, 'shmget': 29, 'shmat': 30,
-                                 'msgget': 68, 'semget': 64}),
+                                 'msgget': 68, 'semget': 64, 'socket': 41}),
     'aarch64': (0xC00000B7, 277, {'memfd_create': 279, 'memfd_secret': 447, 'shmget': 194, 'shmat': 196,
-                                  'msgget': 186, 'semget': 190})}
+                                  'msgget': 186, 'semget': 190, 'socket': 198})}
 X32 = 0x40000000   # x86_64's x32 calls: the same table with this bit set (none is needed here: all refused)
 
 
-def shared_memory_filter(arch, refused):
+def refusing_filter(arch, refused):
     """The classic BPF program (struct sock_filter's, 8 bytes each) that refuses the calls numbered `refused`
     with EPERM, and every call made under another architecture than `arch` (a 64-bit process can make i386's
     calls, whose numbers differ: int 0x80); the rest allowed."""
@@ -361,8 +366,8 @@ def shared_memory_filter(arch, refused):
     return b''.join(prog + [op(RET, ALLOW), op(RET, DENY)])
 
 
-def no_shared_memory():
-    """Refuse this process, and every process it starts, memfd_create, memfd_secret and System V IPC (EPERM).
+def no_sharing():
+    """Refuse this process, and every process it starts, memfd_create, memfd_secret, System V IPC and socket (EPERM).
     OSError where it cannot (its strerror: why): a machine this table does not know, a kernel without seccomp,
     or a container's filter that refuses seccomp itself."""
     import ctypes
@@ -371,17 +376,84 @@ def no_shared_memory():
     if machine not in AUDIT_ARCHES:
         raise OSError(0, f"no system call numbers for {machine}")
     arch, seccomp, refused = AUDIT_ARCHES[machine]
-    prog = shared_memory_filter(arch, refused.values())
+    prog = refusing_filter(arch, refused.values())
     code = ctypes.create_string_buffer(prog, len(prog))
     fprog = ctypes.create_string_buffer(struct.pack('@HP', len(prog) // 8, ctypes.addressof(code)))
     libc_call('prctl', PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)   # (needed by an unprivileged process, and kept anyway)
     syscall(seccomp, SECCOMP_SET_MODE_FILTER, 0, fprog)
 
 
+# -----------------------------------------------------------------------------
+# Namespaces of its own (the uid sandbox, as root, before the worker becomes its user): a network namespace (no
+# interface but a loopback of its own, down: no datagram reaches the machine's ports), an IPC namespace (no System V
+# object of another student's), a PID namespace and a mount namespace with a /proc of its own (hidepid=2: the code
+# sees its own processes and no other's command line, the grader's among them). Bubblewrap makes the same for its
+# sandbox. The process the grader started stays outside and waits; the first process inside (PID 1) mounts /proc
+# and waits for the worker (PID 2, never PID 1: the kernel ignores a signal without a handler sent to PID 1, which
+# SIGXCPU, the CPU limit's, would be); when the worker ends, the namespace ends with every process in it.
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+PR_SET_PDEATHSIG = 1
+
+
+def exit_status(status):
+    """A wait status as an exit status: the code, or 128 + the signal that ended it (as bubblewrap says it)."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def own_namespaces():
+    """Move what follows into new network, IPC, PID and mount namespaces with a /proc of their own; returns in the
+    worker (PID 2 of the new PID namespace). The calling process stays outside and exits with the worker's exit
+    status once it ends. OSError where the kernel refuses any step (its strerror: why): a kernel without them, a
+    container whose seccomp filter refuses unshare, a process without CAP_SYS_ADMIN."""
+    import signal
+    libc_call('unshare', CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET)
+    libc_call('mount', b'none', b'/', None, MS_REC | MS_PRIVATE, None)   # (no mount of ours seen by the machine)
+    said, tell = os.pipe()   # the first process inside tells the one outside why it could not mount /proc
+    first = os.fork()
+    if first:   # outside: wait, and end as the worker ended
+        os.close(tell)
+        why = b''
+        while True:
+            chunk = os.read(said, 512)
+            if not chunk:
+                break
+            why += chunk
+        os.close(said)
+        status = exit_status(os.waitpid(first, 0)[1])
+        if why:
+            e, _, text = why.decode('utf-8', 'replace').partition(' ')
+            raise OSError(int(e), text)
+        os._exit(status)
+    os.close(said)
+    try:   # PID 1: ended with the process outside (the grader's kill reaches both: one process group)
+        libc_call('prctl', PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc_call('mount', b'proc', b'/proc', b'proc', MS_NOSUID | MS_NODEV | MS_NOEXEC, b'hidepid=2')
+        worker = os.fork()
+    except OSError as e:
+        os.write(tell, f"{e.errno} {e.strerror or e}".encode())
+        os._exit(EX_OSERR)
+    os.close(tell)
+    if worker == 0:
+        return
+    while True:   # (every orphan of the namespace is PID 1's to reap)
+        pid, status = os.wait()
+        if pid == worker:
+            os._exit(exit_status(status))
+
+
 def main():
     limits = json.loads(os.environ.pop('COURSE_WORKER_LIMITS'))
     apply_limits(limits)
     user = os.environ.pop('COURSE_WORKER_USER', None)
+    if user and limits.get('namespaces'):   # (as root: only root can make them, before it becomes its user)
+        try:
+            own_namespaces()
+        except OSError as e:
+            print(f"course_worker: namespaces refused: {e}", file=sys.stderr, flush=True)
+            sys.exit(EX_OSERR)
     if user:   # started as root in the sandbox: become an unprivileged user before anything else is read
         os.setgroups([])
         os.setgid(int(user))
@@ -393,7 +465,7 @@ def main():
             print(f"course_worker: Landlock refused: {e}", file=sys.stderr, flush=True)
             sys.exit(EX_OSERR)
     try:
-        no_shared_memory()
+        no_sharing()
     except OSError:   # (the grader found the same and said so first: check_sandbox)
         pass
     sys.path.insert(0, HERE)

@@ -1225,7 +1225,7 @@ def test_without_landlock_the_uid_sandbox_says_what_it_loses(handouts, tmp_path,
                                capture_output=True, text=True, timeout=900, env=dict(os.environ, TMPDIR=str(temp)))
             assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
             notes = [line for line in p.stdout.split('\n') if line.startswith('note: ')]
-            assert notes == [f"note: {course_grader.without_landlock('Function not implemented')}"], p.stdout[:3000]
+            assert notes == [f"note: {course_grader.what_is_lost('uid', 0, 'Function not implemented')}"], p.stdout[:3000]
             assert p.stdout.startswith(notes[0])   # (before any student's row)
             rows.update({f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')})
             for name in ('good', 'zz_victim'):
@@ -1310,7 +1310,7 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
     # where a seccomp filter refuses Landlock (NO_LANDLOCK), the worker finds no ABI, and asked to take its writes
     # (the grader found Landlock: COURSE_WORKER_LIMITS no_writes) it ends before reading its request, with an exit
     # status of its own; the grader makes that a grading failure (the row "not graded"), never the student's 0.
-    # Where the grader finds no Landlock it says what the uid sandbox loses (without_landlock)
+    # Where the grader finds no Landlock it says what the uid sandbox loses (what_is_lost)
     code = ('import sys; sys.path.insert(0, sys.argv[1]); from course_kit import worker\n'
             'print(worker.landlock_abi())\ntry:\n    worker.no_writes()\nexcept OSError as e:\n    print(e.strerror)')
     p = subprocess.run([sys.executable, '-c', NO_LANDLOCK, sys.executable, '-I', '-S', '-c', code, HERE],
@@ -1327,19 +1327,20 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
     tree.mkdir()
     (tree / 'course_worker.py').write_text(f"import sys\nprint('course_worker: Landlock refused: [Errno 1] no', "
                                            f"file=sys.stderr)\nsys.exit({course_worker.EX_OSERR})\n")
-    monkeypatch.setitem(course_grader._probed, '', (7, '', ''))
-    with pytest.raises(course_grader.NoSandbox, match=r'could not take writing from itself \(course_worker: Landlock'):
+    monkeypatch.setitem(course_grader._probed, '', (7, '', '', ''))
+    with pytest.raises(course_grader.NoSandbox, match=r'could not confine itself before running any code '
+                                                      r'\(course_worker: Landlock'):
         course_grader.run_worker(str(tree), b'', 1, 5, 'none')
-    said = course_grader.without_landlock('Function not implemented')
-    assert '\n' not in said and '(Function not implemented)' in said
-    for loss in ('/tmp, /var/tmp, /dev/shm, /run/lock', '64 MB a file but not bounded in total', 'removed after its run',
-                 'network connections'):
+    said = course_grader.what_is_lost('uid', 0, 'Function not implemented')
+    assert '\n' not in said and said.startswith('--sandbox uid: Landlock cannot be used here (Function not implemented)')
+    for loss in ('/tmp, /var/tmp, /dev/shm, /run/lock', '64 MB a file but not bounded in total', 'removed after its run'):
         assert loss in said, loss
+    assert 'TCP' not in said and 'UDP' not in said   # (seccomp refuses every socket: no network without Landlock)
 
 
-# What a process can still make once course_worker.no_shared_memory has run (and before, to show that each works
+# What a process can still make once course_worker.no_sharing has run (and before, to show that each works
 # here): each try's errno name, or 'ok' (each System V object made is removed at once); and a process it starts
-SHARED = r"""import ctypes, errno, json, mmap, os, subprocess, sys
+SHARED = r"""import ctypes, errno, json, mmap, os, socket, subprocess, sys
 sys.path.insert(0, sys.argv[1])
 from course_kit import worker
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1353,7 +1354,10 @@ tries = {'memfd_create': lambda: os.close(os.memfd_create('held')),
          'shmget': lambda: made(lambda: libc.shmget(0, 4096, 0o1600), lambda i: libc.shmctl(i, 0, None)),
          'msgget': lambda: made(lambda: libc.msgget(0, 0o1600), lambda i: libc.msgctl(i, 0, None)),
          'semget': lambda: made(lambda: libc.semget(0, 1, 0o1600), lambda i: libc.semctl(i, 0, 0)),
-         'mmap': lambda: mmap.mmap(-1, 2 ** 20).write(b'x'), 'pipe': lambda: [os.close(fd) for fd in os.pipe()]}
+         'udp': lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close(),
+         'unix': lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close(),
+         'mmap': lambda: mmap.mmap(-1, 2 ** 20).write(b'x'), 'pipe': lambda: [os.close(fd) for fd in os.pipe()],
+         'socketpair': lambda: [s.close() for s in socket.socketpair()]}
 
 def said():
     out = {}
@@ -1365,24 +1369,26 @@ def said():
             out[what] = errno.errorcode[e.errno]
     return out
 before = said()
-worker.no_shared_memory()
+worker.no_sharing()
 after = said()
 child = subprocess.run([sys.executable, '-I', '-S', '-c', 'import os; os.memfd_create("x")'], capture_output=True, text=True)
 print(json.dumps([before, after, child.stderr.strip().split('\n')[-1]]))
 """
 
 
-def test_the_worker_refuses_memory_it_does_not_count_and_system_v_ipc():
-    # course_worker.no_shared_memory (seccomp, before any student code runs): memfd_create (memory the address-space
-    # limit does not count) and System V shared memory, message queues and semaphores (shared between two students
-    # graded at once in the uid sandbox) fail with EPERM, in a process it starts too; each worked before it, and
-    # what honest code needs (anonymous memory, a pipe) still works
+def test_the_worker_refuses_memory_it_does_not_count_system_v_ipc_and_sockets():
+    # course_worker.no_sharing (seccomp, before any student code runs): memfd_create (memory the address-space
+    # limit does not count), System V shared memory, message queues and semaphores (shared between two students
+    # graded at once in the uid sandbox) and sockets of every family (UDP, which Landlock does not restrict, and
+    # Unix sockets, which reach the file system's) fail with EPERM, in a process it starts too; each worked before
+    # it, and what honest code needs (anonymous memory, a pipe) still works, and so does a socketpair (it reaches
+    # nothing outside)
     p = subprocess.run([sys.executable, '-I', '-S', '-c', SHARED, HERE], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-3000:]
     before, after, child = json.loads(p.stdout)
     assert set(before.values()) == {'ok'}, before
     assert after == {'memfd_create': 'EPERM', 'shmget': 'EPERM', 'msgget': 'EPERM', 'semget': 'EPERM',
-                     'mmap': 'ok', 'pipe': 'ok'}, after
+                     'udp': 'EPERM', 'unix': 'EPERM', 'mmap': 'ok', 'pipe': 'ok', 'socketpair': 'ok'}, after
     assert child == 'PermissionError: [Errno 1] Operation not permitted', child
 
 
@@ -1393,7 +1399,7 @@ def test_the_filter_refuses_another_architectures_calls():
     # as packed (each instruction: code, jt, jf, k)
     import struct
     arch, _, refused = course_worker.AUDIT_ARCHES['x86_64']
-    prog = course_worker.shared_memory_filter(arch, refused.values())
+    prog = course_worker.refusing_filter(arch, refused.values())
     ops = [struct.unpack('=HBBI', prog[i:i + 8]) for i in range(0, len(prog), 8)]
 
     def run(nr, call_arch):
@@ -1411,7 +1417,8 @@ def test_the_filter_refuses_another_architectures_calls():
                 raise AssertionError(f'unknown instruction {code:#x}')
     for name, nr in refused.items():
         assert run(nr, arch) == 'EPERM', name
-    for nr in (0, 1, 9, 56, 57, 59, 231, 444):   # read, write, mmap, clone, fork, execve, exit_group, landlock
+    for nr in (0, 1, 9, 53, 56, 57, 59, 231, 444):   # read, write, mmap, socketpair, clone, fork, execve, exit_group,
+        # landlock
         assert run(nr, arch) == 'allow', nr
     assert run(356, 0x40000003) == run(3, 0x40000003) == 'EPERM'   # i386: memfd_create, and read itself
     assert run(course_worker.X32 | 319, arch) == run(course_worker.X32 | 0, arch) == 'EPERM'
@@ -1458,21 +1465,161 @@ def test_a_student_who_holds_memory_or_ipc_is_told_and_the_class_is_unchanged(ha
     assert 0x5eed not in [int(line.split()[0]) for line in open('/proc/sysvipc/shm').readlines()[1:] if line.strip()]
 
 
-def test_without_seccomp_the_grader_says_what_each_sandbox_loses(monkeypatch):
-    # where the worker's filter cannot be installed (the probe says why), grading says so first, in one line with
-    # what is lost: memfd memory in both sandboxes, System V IPC too in the uid sandbox (bubblewrap's worker has an
-    # IPC namespace of its own), after Landlock's loss where that is missing too; a trusted grading says nothing
+# What reaches the machine from a sandbox: a UDP datagram to a port the test listens on, a Unix socket in the file
+# system that every user may connect to, and /proc (the grader's command line holds its class and --out folders)
+REACH_ATTACKS = {
+    'udp': """    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b'from the sandbox', ('127.0.0.1', %(udp)d))
+        said = 'sent'
+    except OSError as e:
+        said = type(e).__name__
+    raise RuntimeError('udp: ' + said)
+""",
+    'unix_file': """    import socket
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(%(unix)r)
+            s.sendall(b'from the sandbox')
+        said = 'connected'
+    except OSError as e:
+        said = type(e).__name__
+    raise RuntimeError('unix: ' + said)
+""",
+    'procs': """    import glob
+    seen = []
+    for f in glob.glob('/proc/[0-9]*/cmdline'):
+        try:
+            seen.append(open(f, 'rb').read().replace(b'\\0', b' ').decode(errors='replace'))
+        except OSError:
+            pass
+    others = [c for c in seen if 'course_worker.py' not in c]
+    raise RuntimeError('procs: %%d others: %%d out: %%s' %% (len(seen), len(others), any(%(out)r in c for c in seen)))
+""",
+}
+
+
+# A container's seccomp filter that refuses unshare with EPERM, as Docker's default profile does without
+# CAP_SYS_ADMIN: the command it starts (argv), and every process that command starts, cannot make namespaces
+NO_NAMESPACES = r"""import ctypes, os, platform, struct, sys
+nr = {'x86_64': 272, 'aarch64': 97}[platform.machine()]   # unshare
+def op(code, k, jt=0, jf=0):
+    return struct.pack('HBBI', code, jt, jf, k)
+prog = op(0x20, 0) + op(0x15, nr, 0, 1) + op(0x06, 0x00050000 | 1) + op(0x06, 0x7fff0000)
+code = ctypes.create_string_buffer(prog, len(prog))
+class Program(ctypes.Structure):
+    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
+program = Program(len(prog) // 8, ctypes.addressof(code))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(ctypes.c_ulong(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+assert libc.prctl(ctypes.c_ulong(22), ctypes.c_ulong(2), ctypes.byref(program), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid', 'uid without namespaces'])
+def test_no_student_reaches_the_machine_by_udp_unix_sockets_or_proc(handouts, tmp_path, reachable, sandbox):
+    # graded (--jobs 2, from a kit only root can read) beside honest students: a datagram sent to a UDP port the test
+    # listens on never arrives, a Unix socket the test listens on in /tmp (mode 0777: every user may connect) is never
+    # connected to (seccomp refuses every socket), and /proc shows no process but the sandbox's own (bubblewrap's, or
+    # the uid sandbox's namespaces: no --out folder in any command line). Where namespaces cannot be made (a
+    # container's seccomp filter refuses unshare, as here), grading says so first, in one line that names what
+    # stays open: /proc, which the prober then reads; the datagram and the socket stay refused. The honest keep
+    # every mark
+    import secrets
+    import shutil
+    import socket
+    if sandbox.startswith('uid') and os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
+        pytest.skip('bubblewrap is not installed here')
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(('127.0.0.1', 0))
+    path = f'/tmp/rd-attnres-test-{secrets.token_hex(4)}.sock'
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(path)
+    os.chmod(path, 0o777)
+    unix.listen()
+    out, base = tmp_path / 'out', tmp_path / 'class'
+    base.mkdir()
+    try:
+        root = hostile_class(handouts, base, out, REACH_ATTACKS, file_attacks=(), names=False, links=False, pairs=False,
+                             more={'udp': udp.getsockname()[1], 'unix': path})
+        kit = kit_copy(str(private_folder(tmp_path)))
+        wrap = [sys.executable, '-c', NO_NAMESPACES] if sandbox == 'uid without namespaces' else []
+        p = subprocess.run([*wrap, sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out',
+                            str(out), '--jobs', '2', '--sandbox', sandbox.split()[0]], capture_output=True, text=True,
+                           timeout=600, env=dict(os.environ, TMPDIR=str(reachable)))
+        udp.setblocking(False)
+        unix.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            udp.recv(100)
+        with pytest.raises(BlockingIOError):
+            unix.accept()
+    finally:
+        udp.close()
+        unix.close()
+        os.remove(path)
+    notes = [line for line in p.stdout.split('\n') if line.startswith('note: ')]
+    if sandbox == 'uid without namespaces':
+        said = course_grader.what_is_lost('uid', course_worker.landlock_abi(), '', '', 'Operation not permitted')
+        assert notes == [f'note: {said}'] and p.stdout.startswith(notes[0]), p.stdout[:3000]
+    else:
+        assert notes == [], p.stdout[:3000]
+    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    for name in ('good', 'zz_victim'):
+        assert rows.get(name, '').rstrip().endswith('score: 6/6'), (p.stdout[-3000:], p.stderr[-3000:])
+    assert 'udp: PermissionError' in rows['udp'] and 'unix: PermissionError' in rows['unix_file'], rows
+    procs = re.search(r'procs: (\d+) others: (\d+) out: (\w+)', rows['procs'])
+    assert procs, rows['procs']
+    if sandbox == 'uid without namespaces':   # (what the note says stays open)
+        assert int(procs.group(2)) > 0 and procs.group(3) == 'True', rows['procs']
+    else:
+        assert int(procs.group(1)) > 0 and procs.group(2) == '0' and procs.group(3) == 'False', rows['procs']
+    for name in REACH_ATTACKS:
+        assert rows[name].rstrip().endswith('score: 0/6') and 'Traceback' not in rows[name], rows[name]
+
+
+def test_where_a_mechanism_is_missing_the_grader_says_what_each_sandbox_loses(monkeypatch):
+    # where Landlock, the worker's seccomp filter or (the uid sandbox) namespaces cannot be used (the probe says why),
+    # grading says so first, in one line: a clause per missing mechanism, in that order, each naming what no other
+    # mechanism still stops, each loss once. Seccomp alone: memfd memory in both sandboxes, and in the uid sandbox the
+    # Unix sockets of the file system (namespaces do not stop them); System V IPC and UDP only where namespaces are
+    # missing too; /proc only where namespaces are; bubblewrap has namespaces and tmpfs of its own; a trusted grading
+    # says nothing
+    lost = course_grader.what_is_lost
     for sandbox in ('bubblewrap', 'uid'):
-        said = course_grader.without_seccomp(sandbox, 'Invalid argument')
+        said = lost(sandbox, 7, '', 'Invalid argument', '')
         assert '\n' not in said and said.startswith(f'--sandbox {sandbox}: seccomp cannot be used here (Invalid argument)')
-        assert 'memfd_create' in said and ('System V' in said) == (sandbox == 'uid'), said
-    monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (0, 'Function not implemented', 'Invalid argument'))
+        assert 'memfd_create' in said and ('Unix sockets in the file system' in said) == (sandbox == 'uid'), said
+        assert 'System V' not in said and 'UDP' not in said and '/proc' not in said, said
+    assert lost('bubblewrap', 0, 'Function not implemented', '', 'Operation not permitted') is None
+    said = lost('uid', 7, '', '', 'Operation not permitted')
+    assert said == ("--sandbox uid: namespaces cannot be used here (Operation not permitted): a submission can see every "
+                    "process on the machine in /proc, with its command line (the grader's, with its class and --out "
+                    "folders, among them) (COURSE.md, \"Where bubblewrap cannot start\")"), said
+    said = lost('uid', 7, '', 'Invalid argument', 'Operation not permitted')
+    seccomp, namespaces = said.split('; and ')
+    for loss in ('memfd_create', 'System V', 'UDP datagrams', 'Unix sockets in the file system'):
+        assert loss in seccomp and loss not in namespaces, loss
+    assert '/proc' in namespaces and 'TCP' not in said   # (Landlock ABI 7 stops TCP and abstract sockets)
+    assert 'TCP' in lost('uid', 3, '', 'Invalid argument', 'Operation not permitted')   # (before ABI 4 it does not)
+    everything = lost('uid', 0, 'Function not implemented', 'Invalid argument', 'Operation not permitted')
+    clauses = everything.split('; and ')
+    assert [c.split(' cannot be used here')[0] for c in clauses] == ['--sandbox uid: Landlock', '--sandbox uid: seccomp',
+                                                                     '--sandbox uid: namespaces']
+    assert 'TCP' in clauses[0] and 'abstract Unix sockets' in clauses[0] and 'UDP' in clauses[1]
+    for what, _ in course_grader.losses('uid', 0):
+        assert everything.count(what) == 1, what
+    monkeypatch.setattr(course_grader, 'worker_probe',
+                        lambda sandbox: (0, 'Function not implemented', 'Invalid argument', 'Operation not permitted'))
     monkeypatch.setattr(course_grader, 'closed_to_others', lambda path: None)
-    both = course_grader.check_sandbox('uid')
-    assert both == (f"{course_grader.without_landlock('Function not implemented')}; and "
-                    f"{course_grader.without_seccomp('uid', 'Invalid argument')}")
+    assert course_grader.check_sandbox('uid') == everything
     assert course_grader.check_sandbox('none') is None
-    monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (7, '', ''))
+    monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (7, '', '', ''))
     assert course_grader.check_sandbox('uid') is None and course_grader.check_sandbox('none') is None
 
 
@@ -2046,3 +2193,263 @@ def test_a_full_disk_is_said_and_blames_no_one(tmp_path, monkeypatch):
     results = course_grader.evaluate_concepts(course_grader.concepts(5), 'tree', 1, 'uid')
     assert len(calls) == 1 and [passed for passed, *_ in results] == [False] * 3
     assert all('the code filled the disk' in lines[0] for _, lines, _, _ in results)
+
+
+def raw_zip(path, entries):
+    """A zip written byte by byte, as a hostile tool may write one: entries [(name, data as stored, CRC-32, the size
+    its header declares, method (0 stored, 8 deflated), its mode (S_IFLNK | 0o777: a link))], each name as UTF-8."""
+    import struct
+    body, directory = b'', b''
+    for name, data, crc, size, method, mode in entries:
+        raw = name.encode('utf-8')
+        head = struct.pack('<IHHHHHIIIHH', 0x04034b50, 20, 0x800, method, 0, 0x21, crc, len(data), size, len(raw), 0)
+        directory += struct.pack('<IHHHHHHIIIHHHHHII', 0x02014b50, 0x314, 20, 0x800, method, 0, 0x21, crc, len(data),
+                                 size, len(raw), 0, 0, 0, 0, mode << 16, len(body)) + raw
+        body += head + raw + data
+    end = struct.pack('<IHHHHIIH', 0x06054b50, 0, 0, len(entries), len(entries), len(directory), len(body), 0)
+    path.write_bytes(body + directory + end)
+    return path
+
+
+def deflated(text):
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return c.compress(text) + c.flush()
+
+
+def zeros_bomb(gib):
+    """(a raw deflate stream of `gib` GiB of zeros, about 1 MB per GiB, its CRC-32): 16 MB of zeros deflate to the
+    same 16 kB block each time after a full flush."""
+    import zlib
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunk = bytes(2 ** 24)
+    block = c.compress(chunk) + c.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(64 * gib):
+        crc = zlib.crc32(chunk, crc)
+    return block * (64 * gib) + c.flush(), crc
+
+
+def test_a_zip_is_read_as_data_and_only_its_files_of_the_assignment_written(tmp_path):
+    # a Gradescope-style upload as a zip: the files of the assignment in it are written out (where the zip puts
+    # them), nothing else: not a link (an entry that is one), not a path outside (absolute, '..'), not two names
+    # that would be one file (the same name, NFC and NFD of one name), not a bomb (3 GiB of zeros in 3 MB, never
+    # expanded: neither memory nor disk); a file of the assignment that is a link, too large (declared or not) or
+    # cut is refused with what to do, one whose header says less than it holds is read as its header says; each
+    # message shows the student's names inert
+    import resource
+    import stat
+    import zlib
+    good = open(os.path.join(HERE, 'compare.py'), 'rb').read()
+    honest = (good, zlib.crc32(good), len(good), 0, 0o100644)
+    bomb, bomb_crc = zeros_bomb(3)
+    link = (b'/etc/shadow', zlib.crc32(b'/etc/shadow'), 11, 0, stat.S_IFLNK | 0o777)
+    lie = deflated(b'#' * 2 ** 24)   # 16 MB of comment, its header saying 100 bytes (and the CRC of those)
+    cases = {
+        'honest': ([('proj/compare.py', *honest), ('proj/data/zeros.bin', bomb, bomb_crc, 3 * 2 ** 30, 8, 0o100644),
+                    ('proj/link', *link), ('proj/notes.txt', b'x', zlib.crc32(b'x'), 1, 0, 0o100644)], None),
+        'nfd': ([('caf\u00e9/compare.py', *honest), ('cafe\u0301/compare.py', *honest)],
+                'two entries whose names differ only in Unicode normalisation'),
+        'twice': ([('compare.py', *honest), ('./compare.py', *honest)], 'two entries for one file'),
+        'dotdot': ([('proj/../../compare.py', *honest)], "an entry outside its folder"),
+        'absolute': ([('/tmp/compare.py', *honest)], "an entry outside its folder"),
+        'a link': ([('compare.py', *link)], 'is a link in the zip: zip the file itself'),
+        'a bomb': ([('compare.py', bomb, bomb_crc, 3 * 2 ** 30, 8, 0o100644)],
+                   "is 3,221,225,472 bytes, more than the 1,000,000 a source file"),
+        'a lie': ([('compare.py', lie, zlib.crc32(b'#' * 2 ** 24), 100, 8, 0o100644)], 'the zip cannot be read (BadZipFile'),
+        'a lie that holds': ([('compare.py', lie, zlib.crc32(b'#' * 100), 100, 8, 0o100644)], 'capped'),
+        'an escape': ([('\x1b[2J\n/../compare.py', *honest)], "an entry outside its folder"),
+    }
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.time()
+    for name, (entries, said) in cases.items():
+        path = raw_zip(tmp_path / f'{name}.zip', entries)
+        dest = tmp_path / f'{name}_unpacked'
+        dest.mkdir()
+        why = course.unpacked(5, str(path), str(dest))
+        made = [os.path.relpath(p, dest) for p, _ in course_grader.tree_of(str(dest))]
+        if said is None:
+            assert why is None and sorted(made) == ['proj', 'proj/compare.py'], (why, made)
+            assert (dest / 'proj' / 'compare.py').read_bytes() == good
+            assert course.locate(5, str(dest))[1] == 'proj'
+        elif said == 'capped':   # (read as its header says, no further: a file without the markers, graded as one)
+            assert why is None and (dest / 'compare.py').read_bytes() == b'#' * 100, why
+        else:
+            assert said in why and made == [] and '\n' not in why and '\x1b' not in why, (name, why, made)
+    nfd = course.unpacked(5, str(tmp_path / 'nfd.zip'), str(tmp_path))   # (both named, told apart: NFD escaped)
+    assert ('[from the submission: caf\u00e9/compare.py] and [from the submission: cafe\\u0301/compare.py]' in nfd), nfd
+    assert '[from the submission: \\x1b[2J\\n/../compare.py]' in course.unpacked(5, str(tmp_path / 'an escape.zip'),
+                                                                                str(tmp_path))
+    grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert grew < 200 * 2 ** 20 and time.time() - t0 < 20, (grew, time.time() - t0)   # (expanding it: 3 GiB, minutes)
+    # not a zip, a cut one, one that says it holds more entries than a folder may
+    (tmp_path / 'text.zip').write_text('not a zip')
+    assert 'not a zip that can be read' in course.unpacked(5, str(tmp_path / 'text.zip'), str(tmp_path))
+    cut = tmp_path / 'cut.zip'
+    cut.write_bytes((tmp_path / 'honest.zip').read_bytes()[:-30])
+    assert 'not a zip that can be read' in course.unpacked(5, str(cut), str(tmp_path))
+    many = bytearray((tmp_path / 'honest.zip').read_bytes())
+    many[-12:-10] = (course.ZIP_ENTRIES + 1).to_bytes(2, 'little')
+    (tmp_path / 'many.zip').write_bytes(bytes(many))
+    assert f'more than {course.ZIP_ENTRIES:,} entries' in course.unpacked(5, str(tmp_path / 'many.zip'), str(tmp_path))
+
+
+def opened_watch(paths):
+    """An inotify descriptor that records every open of each path (IN_OPEN): an open of a FIFO or a device is an
+    event, whatever is then read."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    assert fd >= 0
+    for path in paths:
+        assert libc.inotify_add_watch(fd, os.fsencode(str(path)), 0x20) >= 0, path   # IN_OPEN
+    return fd
+
+
+def opens_seen(fd):
+    try:
+        return len(os.read(fd, 65536))
+    except BlockingIOError:
+        return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
+def test_odd_files_and_names_in_a_folder_are_graded_as_what_they_are(handouts, tmp_path, reachable, sandbox):
+    # a class beside honest students, graded (--jobs 2) as root from a kit only root can read: compare.py as a FIFO
+    # and as a character device (never opened: an open can have effects), empty, 200 MB (sparse: never read), with
+    # NUL bytes in the student's lines (the code cannot be compiled: said) and outside them (not graded: full
+    # marks), a 200 MB file beside an honest compare.py (never read: full marks), an honest student whose folder
+    # name holds a newline and escape sequences (full marks, the name escaped on the console, in the files and the
+    # gradebook); and the same honest project as a zip (full marks) and as a zip with a '..' entry (refused, said)
+    import shutil
+    if sandbox == 'uid' and os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
+        pytest.skip('bubblewrap is not installed here')
+    evil = 'evil\n  PASS 2 of 2  the paired table\x1b[2J\x1b]0;x\x07'
+    out, base = tmp_path / 'out', tmp_path / 'class'
+    base.mkdir()
+    root = hostile_class(handouts, base, out, {}, file_attacks=(), names=False, links=False, pairs=False)
+    students = ['fifo', 'device', 'empty', 'huge', 'nul_in_region', 'nul_outside', 'big_beside', evil]
+    for name in students:
+        shutil.copytree(root / 'good', root / name)
+    path = {name: root / name / 'compare.py' for name in students}
+    text = (root / 'good' / 'compare.py').read_bytes()
+    for name in ('fifo', 'device', 'empty'):
+        path[name].unlink()
+    os.mkfifo(path['fifo'])
+    os.mknod(path['device'], 0o666 | stat_char(), os.makedev(1, 5))   # (as /dev/zero)
+    path['empty'].write_bytes(b'')
+    with open(path['huge'], 'r+b') as f:
+        f.truncate(200 * 2 ** 20)
+    with open(root / 'big_beside' / 'data.bin', 'wb') as f:
+        f.truncate(200 * 2 ** 20)
+    marker = b'    ### BEGIN YOUR CODE (assignment 5)\n'
+    at = text.rindex(marker) + len(marker)   # (paired_stats' region)
+    path['nul_in_region'].write_bytes(text[:at] + b'    mean = 0  # \x00\n' + text[at:])
+    path['nul_outside'].write_bytes(b'# \x00 a NUL outside the lines graded\n' + text)
+    watch = opened_watch([path['fifo'], path['device']])
+    kit = kit_copy(str(private_folder(tmp_path)))
+    command = [sys.executable, os.path.join(kit, 'course.py'), 'grade', '5']
+    env = dict(os.environ, TMPDIR=str(reachable))
+    p = subprocess.run([*command, str(root), '--out', str(out), '--jobs', '2', '--sandbox', sandbox],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert opens_seen(watch) == 0   # neither the FIFO nor the device was opened
+    os.close(watch)
+    assert p.returncode == 1 and 'Traceback' not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+    shown = course_grader.shown_name(evil)
+    assert '\n' not in shown and '\x1b' not in shown
+    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    assert set(rows) == {'good', 'zz_victim', *students[:-1], shown}, sorted(rows)
+    for name in ('good', 'zz_victim', 'nul_outside', 'big_beside', shown):
+        assert rows[name].rstrip().endswith('score: 6/6'), (name, rows[name])
+    for name, said in (('fifo', 'compare.py is not a regular file (a FIFO): hand in the file itself'),
+                       ('device', 'compare.py is not a regular file (a character device): hand in the file itself'),
+                       ('empty', "0 of its 2 '### BEGIN/END YOUR CODE (assignment 5)' regions were found"),
+                       ('huge', 'compare.py is 209,715,200 bytes, more than the 1,000,000 a source file')):
+        assert said in rows[name] and rows[name].rstrip().endswith('score: 0/6'), (name, rows[name])
+    nul = rows['nul_in_region']
+    assert 'null bytes' in nul and nul.rstrip().endswith('score: 0/6'), nul
+    # the name as shown, one line, everywhere: the console (no line of its own, no escape sequence), the files
+    assert '\x1b' not in p.stdout and '\x07' not in p.stdout
+    assert [line for line in p.stdout.split('\n') if 'PASS 2 of 2' in line] == \
+        [f"assignment 5: The paired statistics -- {shown}"]
+    with open(out / 'gradebook_assignment5.csv', newline='') as f:
+        book = {line[0]: line for line in csv.reader(f)}
+    assert shown in book and book[shown][-2] == 'graded' and int(book[shown][-5]) == 6, book.get(shown)
+    assert not any('\x1b' in f.name or '\n' in f.name for f in out.iterdir())
+    # a zip of the honest project, nested in a folder, and one with an entry outside it
+    import zipfile
+    results = tmp_path / 'results.json'
+    with zipfile.ZipFile(tmp_path / 'upload.zip', 'w') as z:
+        z.writestr('project/compare.py', text)
+        z.writestr('project/notes.txt', 'notes')
+    with zipfile.ZipFile(tmp_path / 'escape.zip', 'w') as z:
+        z.writestr('project/compare.py', text)
+        z.writestr('../../compare.py', text)
+    for upload, score, said in (('upload.zip', 6, 'graded the folder project of your upload'),
+                                ('escape.zip', 0, 'the zip holds an entry outside its folder')):
+        p = subprocess.run([*command, str(tmp_path / upload), '--gradescope', str(results), '--sandbox', sandbox],
+                           capture_output=True, text=True, timeout=900, env=env)
+        got = json.load(open(results))
+        assert p.returncode == (0 if score else 1) and got['score'] == score and said in got['output'], (p.stdout, got)
+        assert 'Traceback' not in p.stdout + p.stderr
+    assert not os.path.exists(os.path.join(os.path.dirname(str(tmp_path)), 'compare.py'))
+
+
+def stat_char():
+    import stat
+    return stat.S_IFCHR
+
+
+# Assignment 1's read, by students who lie through torch: torch's comparisons replaced (allclose, isclose, equal,
+# Tensor.__eq__) before returning zeros, a tensor subclass that says it equals anything (__eq__, tolist, item) around
+# zeros, and the same subclass around the right values
+LIAR = ['    class Liar(torch.Tensor):',
+        '        def __eq__(self, other):',
+        '            return True',
+        '        def tolist(self):',
+        '            return [1.0]',
+        '        def item(self):',
+        '            return 1.0']
+ZEROS = ['    h = torch.zeros(len(w), *b0.shape, dtype=b0.dtype)',
+         '    alpha = torch.zeros(len(w), *b0.shape[:2], len(sources), dtype=b0.dtype)']
+TORCH_LIARS = {
+    'patches_torch': ['    torch.allclose = lambda *a, **k: True',
+                      '    torch.isclose = lambda a, *x, **k: torch.ones_like(a, dtype=torch.bool)',
+                      '    torch.equal = lambda *a: True',
+                      '    torch.Tensor.__eq__ = lambda self, other: True', *ZEROS],
+    'lying_zeros': [*LIAR, *ZEROS, '    h, alpha = h.as_subclass(Liar), alpha.as_subclass(Liar)'],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
+def test_a_student_who_lies_through_torch_earns_what_the_values_earn(handouts, tmp_path, reachable, sandbox):
+    # the values are compared by the grader's own torch on what the sandbox returned (tensors as safetensors: their
+    # bytes, no object of the student's): a patched torch or a lying subclass around zeros earns 0, each concept
+    # saying what differs (no traceback); the right values in the lying subclass earn full marks; the honest too
+    import shutil
+    if sandbox == 'uid' and os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
+        pytest.skip('bubblewrap is not installed here')
+    mine = open(os.path.join(HERE, 'model.py')).read().split('\n')
+    right = [mine[first + 1:last] for a, first, last in course.regions('\n'.join(mine)) if a == 1][0]
+    students = {'good': [], 'unsolved': None, **{name: {'model.py': [body]} for name, body in TORCH_LIARS.items()},
+                'lying_right': {'model.py': [LIAR + right + ['    h, alpha = h.as_subclass(Liar), alpha.as_subclass(Liar)']]}}
+    root = make_class(handouts, tmp_path / 'class', 1, students)
+    out = tmp_path / 'out'
+    kit = kit_copy(str(private_folder(tmp_path)))
+    p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '1', str(root), '--out', str(out),
+                        '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, TMPDIR=str(reachable)))
+    assert p.returncode == 1 and 'Traceback' not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    total = sum(c.marks for c in concepts_of(1))
+    for name in ('good', 'lying_right'):
+        assert rows[name].rstrip().endswith(f'score: {total}/{total}'), (name, rows[name])
+    for name in TORCH_LIARS:
+        assert rows[name].rstrip().endswith(f'score: 0/{total}'), (name, rows[name])
+        assert 'h differs from the expected values' in rows[name], rows[name]
