@@ -24,7 +24,8 @@ is written to OUT/gpu_check.{json,md} as it ends, and the running child's output
               each for the whole model, 2 + one per pattern of sublayers for the two-phase read; none means it
               ran eager, and fails); the depth reads in float32 under bf16 (their dtypes recorded on the device);
               the ranks' parameters equal at the last step (train.py checks it at every checkpoint); step time,
-              tokens/s and MFU; no checkpoint file (the checkpoint check measures saving)
+              tokens/s and MFU; where the compile went (compile_seconds: torch's timers, recompiles and why);
+              no checkpoint file (the checkpoint check measures saving)
   eager       the same run eager: its training losses and its evaluation losses (the compiled evaluation graph
               produces val_loss) within LOSS_TOL of the compiled run's at every logged step, the same windows
   resume      the eager run again, SIGTERM at a log step, then --init_from=auto: the same data order (the
@@ -48,6 +49,7 @@ import ctypes
 import functools
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -60,7 +62,7 @@ import time
 STARTED = time.time()   # the budget counts from here, before torch is imported
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
-from run_kit.run_files import CHECKPOINT, CONFIG, LOG   # noqa: E402  (the run's files, by their owner's names)
+from run_kit.run_files import CHECKPOINT, LOG, RunFileError, read_config, read_log   # noqa: E402  (the run's files, by their owner)
 
 # |compiled - eager| (nats) of a logged training or evaluation loss, bf16 on a GPU: set for the rounding of two
 # correct runs, not to catch reads in bf16, which no loss tolerance separates from that rounding in a few dozen
@@ -118,16 +120,19 @@ def make_data(data_dir):
 
 
 def read_rows(out_dir):
-    """A run's log: (training rows, evaluation rows), each by step."""
-    with open(os.path.join(out_dir, LOG)) as f:
-        rows = [json.loads(line) for line in f]
+    """A run's log, read by its owner (run_files.read_log: a torn last line of a cut run dropped, a bad line
+    CheckFailed): (training rows, evaluation rows), each by step."""
+    try:
+        rows = read_log(os.path.join(out_dir, LOG))
+    except SystemExit as e:   # (run_files' message: the file, the line, what to do)
+        raise CheckFailed(str(e)) from None
     return ({r['step']: r for r in rows if 'train_loss' in r}, {r['step']: r for r in rows if 'val_loss' in r})
 
 
 def read_rows_safely(out_dir):
     try:
         return read_rows(out_dir)[0]
-    except (OSError, ValueError):
+    except (OSError, CheckFailed):
         return {}
 
 
@@ -373,8 +378,38 @@ def train_child(stats_path, backend, save, argv):
         rank = os.environ.get('RANK', '0')
         with open(f'{stats_path}.rank{rank}.json', 'w') as f:
             json.dump(dict(graphs=counters['stats']['unique_graphs'], backend_calls=calls[0],
-                           graph_breaks=sum(counters['graph_break'].values()), exit=code, read_dtypes=reads, **wrapped), f)
+                           graph_breaks=sum(counters['graph_break'].values()), exit=code, read_dtypes=reads,
+                           compile=compile_seconds(), **wrapped), f)
     return code
+
+
+# Where a cold compile goes, by torch's own timers (torch._dynamo.utils.compilation_time_metrics: seconds summed over
+# every frame compiled in the process). Their names are torch's internals: one a torch version no longer has reads
+# None, and the check goes on.
+COMPILE_PHASES = {'total': '_compile.compile_inner',             # dynamo's whole compile of a frame, backend included
+                  'backend': 'OutputGraph.call_user_compiler',   # AOT autograd and inductor (or the eager backend)
+                  'inductor': 'compile_fx.<locals>.fw_compiler_base',   # inductor's forward graph (backward: below)
+                  'inductor_backward': 'compile_fx.<locals>.bw_compiler',
+                  'kernels': 'async_compile.wait'}                # waiting on the kernels' builds (Triton, C++)
+
+
+def compile_seconds():
+    """{phase: seconds} of this process's compiles (COMPILE_PHASES, and dynamo's own: total less backend), the
+    frames dynamo compiled, and its recompiles with why (torch's guard failures)."""
+    from torch._dynamo import utils
+    metrics = getattr(utils, 'compilation_time_metrics', {})
+    out = {k: round(math.fsum(metrics[v]), 2) if metrics.get(v) else None for k, v in COMPILE_PHASES.items()}
+    out['dynamo'] = (round(out['total'] - out['backend'], 2) if out['total'] is not None and out['backend'] is not None
+                     else None)
+    # a guard failure is "F/E: why": frame F's cache entry E did not fit the call. A call that fits none fails
+    # against every entry there is, then compiles one more, so the entries that ever failed are the recompiles
+    failed = {}
+    for reasons in getattr(utils, 'guard_failures', {}).values():
+        for r in reasons:
+            failed.setdefault(str(r).partition(':')[0], str(r)[:200])
+    out.update(frames=utils.counters['frames'].get('total', 0), recompiles=len(failed),
+               recompile_reasons=list(failed.values())[:5])
+    return out
 
 
 def read_dtypes(cfg, device, dtype='bfloat16'):
@@ -490,7 +525,7 @@ def check_train(c):
     out_dir = os.path.join(c.out, 'train_compiled')
     (rows, val), stats = c.train(out_dir, True)
     remove_checkpoints(out_dir)
-    cfg = json.load(open(os.path.join(out_dir, CONFIG)))
+    cfg = read_config(out_dir)
     expected = 2 * graphs_per_shape(cfg['depth_read'], cfg['n_layer'], cfg['attnres_block_size'])
     problem = graph_problem(stats, expected, c.world) or reads_problem(stats[0]['read_dtypes'])
     if problem:
@@ -502,7 +537,7 @@ def check_train(c):
     return dict(launcher=f'torchrun --nproc_per_node={c.world}', processes=c.world, ddp=stats[0]['pg_backend'],
                 grad_accum=2, steps=c.steps, depth_read=cfg['depth_read'], backend=c.backend,
                 graphs=stats[0]['graphs'], graphs_expected=expected, backend_calls=stats[0]['backend_calls'],
-                read_dtypes=stats[0]['read_dtypes'],
+                read_dtypes=stats[0]['read_dtypes'], compile=stats[0].get('compile'),
                 loss=rows[c.steps]['train_loss'], val_loss=val[c.steps]['val_loss'],
                 step_s=sorted(r['dt'] for r in timed)[len(timed) // 2], tok_per_s=timed[-1]['tok_per_s'],
                 mfu=mfu[-1] if mfu else None, ranks_equal='checked by train.py at the last step')
@@ -513,9 +548,9 @@ def finished_rows(c, run, compiled):
     into the same --out, its log complete: (training rows, evaluation rows), or None."""
     out_dir = os.path.join(c.out, run)
     try:
-        cfg = json.load(open(os.path.join(out_dir, CONFIG)))
+        cfg = read_config(out_dir)
         rows, val = read_rows(out_dir)
-    except (OSError, ValueError):
+    except (OSError, CheckFailed, RunFileError):
         return None
     same = all(cfg.get(k) == v for k, v in (('max_iters', c.steps), ('batch_size', c.batch), ('world_size', c.world),
                                             ('compile', compiled), ('n_layer', int(SHAPES[c.shape][0].split('=')[1]))))
@@ -947,7 +982,8 @@ def markdown(results):
                        f"steps, compiled (backend {r['backend']}, {r['depth_read']} read): {r['graphs']} graphs as designed "
                        f"({r['backend_calls']} after DDP's bucket splits), reads in float32 under bf16; "
                        f"step {r['step_s']:.3f} s, "
-                       f"{r['tok_per_s']:,.0f} tok/s, MFU {f(r['mfu'] and 100 * r['mfu'], '.1f')}% |")
+                       f"{r['tok_per_s']:,.0f} tok/s, MFU {f(r['mfu'] and 100 * r['mfu'], '.1f')}%"
+                       + compile_line(r.get('compile')) + ' |')
         elif name == 'eager':
             out.append(f"| eager | ok | compiled vs eager, {r['processes']} process(es): training losses within "
                        f"{r['max_train_difference']:.4f} nats ({r['train_steps_compared']} steps), evaluation within "
@@ -967,6 +1003,16 @@ def markdown(results):
                 f"MFU {f(v['mfu'] and 100 * v['mfu'], '.1f')}%, {f(v['peak_mem_gb'], '.1f')} GB, {v['graphs']} graphs"
                 for mode, v in r['modes'].items()) + (f"; **{r['verdict']['reason']}**" if r.get('verdict') else '') + ' |')
     return '\n'.join(out) + '\n'
+
+
+def compile_line(t):
+    """'; compile: ... s' of a train check's rank 0 (compile_seconds), or '' where it was not recorded."""
+    if not t:
+        return ''
+    f = lambda k: '-' if t.get(k) is None else f"{t[k]:.1f}"  # noqa: E731
+    return (f"; compile {f('total')} s (dynamo {f('dynamo')}, AOT and inductor {f('backend')}: inductor's forward "
+            f"{f('inductor')}, backward {f('inductor_backward')}, waiting on kernels {f('kernels')}), {t['frames']} "
+            f"frames, {t['recompiles']} recompiles" + (f" ({t['recompile_reasons'][0]})" if t['recompiles'] else ''))
 
 
 def second_lease(name):

@@ -191,6 +191,27 @@ def results_with(checks, tiny=False):
     return dict(machine=dict(FACTS, date='2026-12-04'), tiny=tiny, budget_min=10, preflight=[], checks=checks)
 
 
+def test_a_compiles_seconds_and_recompiles_are_torchs_own_counts():
+    # in a fresh process (torch's counters are per process): a function compiled, then called under no_grad (the
+    # eval graph's recompile), then with another shape marked static: each guard failure one recompile
+    code = ('import sys, json, torch; sys.path.insert(0, sys.argv[1]); import gpu_check\n'
+            'f = torch.compile(lambda x: (x.sin() + 1).sum(), backend="eager", dynamic=False)\n'
+            'f(torch.randn(8, requires_grad=True))\n'
+            'with torch.no_grad():\n    f(torch.randn(8))\n'
+            'f(torch.randn(9, requires_grad=True))\n'
+            'print(json.dumps(gpu_check.compile_seconds()))')
+    p = subprocess.run([sys.executable, '-c', code, os.path.join(HERE, 'scripts')], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    t = json.loads(p.stdout.strip().split('\n')[-1])
+    assert t['total'] > 0 and t['backend'] is not None and t['dynamo'] == pytest.approx(t['total'] - t['backend'], abs=0.011)
+    assert t['recompiles'] == 2 and 'grad_mode' in t['recompile_reasons'][0], t
+    assert t['inductor'] is None   # (the eager backend: no inductor; said as '-', not 0)
+    line = gpu_check.compile_line(t)
+    assert line.startswith(f"; compile {t['total']:.1f} s") and "inductor's forward -" in line and '2 recompiles' in line
+    assert gpu_check.compile_line(None) == ''
+
+
 def test_the_verdict_is_the_fastest_read_by_two_percent_else_the_plain_read():
     v = gpu_check.read_verdict(dict(fused=0.90, two_phase=1.20))
     assert v['depth_read'] == 'fused' and v['two_phase_x_plain'] == 1.20
@@ -257,6 +278,10 @@ def test_the_gpu_check_runs_every_check_at_a_tiny_shape(tmp_path):
     train = checks['train']
     assert train['launcher'] == 'torchrun --nproc_per_node=2' and train['ddp'] == 'gloo' and train['grad_accum'] == 2
     assert train['graphs'] == train['graphs_expected'] == 2 and train['read_dtypes'] == ['torch.float32']
+    # where its compile went (rank 0, torch's timers): dynamo's seconds, and the eval graph as the one recompile
+    t = train['compile']
+    assert t['total'] > 0 and t['dynamo'] > 0 and t['frames'] >= 1 and t['recompiles'] == 1, t
+    assert 'grad_mode' in t['recompile_reasons'][0], t
     assert checks['eager']['train_steps_compared'] == 4 and checks['eager']['val_steps_compared'] == 2   # steps 0, 16
     assert checks['resume']['stopped_at'] in (8, 12) and checks['resume']['same_data_order']
     # all ten modes compiled in one process, each with the graphs it is designed to have
@@ -267,6 +292,7 @@ def test_the_gpu_check_runs_every_check_at_a_tiny_shape(tmp_path):
     assert checks['checkpoint']['bytes'] > 0 and checks['checkpoint']['host_baseline_bytes'] > 0
     table = (out / 'gpu_check.md').read_text()
     assert all(f"| {name} | ok |" in table for name in gpu_check.CHECKS) and 'gives no verdict' in table, table
+    assert f"compile {t['total']:.1f} s (dynamo {t['dynamo']:.1f}" in table and '1 recompiles (' in table, table
     assert 'should use' not in p.stdout
     assert not any(out.glob('**/ckpt.pt')) and not (out / 'checkpoint_probe.pt').exists()   # no weights left behind
 
@@ -365,3 +391,18 @@ def test_bench_refuses_a_mode_that_would_run_eager(tmp_path):
                         '--n_embd=32', '--block_size=32', '--attnres_block_size=2', '--batch_size=2', '--rounds=1',
                         '--memory=False', '--device=cpu'], capture_output=True, text=True, cwd=HERE, timeout=600)
     assert p.returncode != 0 and "rd_attnres: torch.compile reached dynamo's recompile limit" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_runs_log_is_read_by_its_owner_a_torn_line_dropped_a_bad_one_a_failed_check(tmp_path):
+    # the check reads its runs' logs through run_files.read_log: a cut run's torn last line is dropped (the rows
+    # before it kept), a garbled line is the check's failure naming the file and the line, never a traceback
+    rows = [{'step': 0, 'val_loss': 5.0}, {'step': 4, 'train_loss': 4.0}]
+    log = tmp_path / 'log.jsonl'
+    log.write_text(''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 8, "train_lo')
+    with pytest.warns(UserWarning, match='torn last line'):
+        train, val = gpu_check.read_rows(str(tmp_path))
+    assert sorted(train) == [4] and sorted(val) == [0]
+    log.write_text(json.dumps(rows[0]) + '\nnot json\n')
+    with pytest.raises(gpu_check.CheckFailed, match=r'log.jsonl, line 2: not valid JSON'):
+        gpu_check.read_rows(str(tmp_path))
+    assert gpu_check.read_rows_safely(str(tmp_path)) == {}
