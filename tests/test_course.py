@@ -1179,16 +1179,9 @@ def test_every_assignment_is_graded_alike_in_both_sandboxes(handouts, tmp_path, 
         assert books['uid'] == books['bubblewrap'], (n, books)
 
 
-# A container's seccomp filter that refuses Landlock's system calls (444 to 446) with ENOSYS, as a profile that
-# does not know them does: the command it starts (argv), and every process that command starts, cannot use Landlock
-NO_LANDLOCK = r"""import ctypes, os, struct, sys
-def op(code, k, jt=0, jf=0):
-    return struct.pack('HBBI', code, jt, jf, k)
-prog = (op(0x20, 0)                    # the system call's number
-        + op(0x35, 444, 0, 2)          # below 444: allowed
-        + op(0x25, 446, 1, 0)          # above 446: allowed
-        + op(0x06, 0x00050000 | 38)    # else ENOSYS
-        + op(0x06, 0x7fff0000))        # allowed
+# A seccomp filter around a command (the two below): a script that builds the classic BPF program `prog` (8-byte
+# instructions), sets no new privileges (prctl 38), installs the filter (prctl 22, mode 2) and runs argv
+SECCOMP_INSTALL = r"""
 code = ctypes.create_string_buffer(prog, len(prog))
 class Program(ctypes.Structure):
     _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
@@ -1198,6 +1191,22 @@ assert libc.prctl(ctypes.c_ulong(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctyp
 assert libc.prctl(ctypes.c_ulong(22), ctypes.c_ulong(2), ctypes.byref(program), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
 os.execv(sys.argv[1], sys.argv[1:])
 """
+
+
+def seccomp_then_exec(program):
+    return ("import ctypes, os, platform, struct, sys\n"
+            "def op(code, k, jt=0, jf=0):\n"
+            "    return struct.pack('HBBI', code, jt, jf, k)\n" + program + SECCOMP_INSTALL)
+
+
+# A container's seccomp filter that refuses Landlock's system calls (444 to 446) with ENOSYS, as a profile that
+# does not know them does: the command it starts (argv), and every process that command starts, cannot use Landlock
+NO_LANDLOCK = seccomp_then_exec(r"""prog = (op(0x20, 0)                    # the system call's number
+        + op(0x35, 444, 0, 2)          # below 444: allowed
+        + op(0x25, 446, 1, 0)          # above 446: allowed
+        + op(0x06, 0x00050000 | 38)    # else ENOSYS
+        + op(0x06, 0x7fff0000))        # allowed
+""")
 
 
 @pytest.mark.slow
@@ -1424,6 +1433,15 @@ def test_the_filter_refuses_another_architectures_calls():
     assert run(course_worker.X32 | 319, arch) == run(course_worker.X32 | 0, arch) == 'EPERM'
 
 
+def skip_unless_it_runs(sandbox):
+    """Skip where this machine cannot run the sandbox: the uid sandbox needs root, bubblewrap its program."""
+    import shutil
+    if sandbox.startswith('uid') and os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
+        pytest.skip('bubblewrap is not installed here')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
 def test_a_student_who_holds_memory_or_ipc_is_told_and_the_class_is_unchanged(handouts, tmp_path, reachable, sandbox):
@@ -1431,11 +1449,7 @@ def test_a_student_who_holds_memory_or_ipc_is_told_and_the_class_is_unchanged(ha
     # memory the limits do not count, and one who makes System V shared memory for a neighbour to read, are
     # refused at the call (the feedback names the error and the line), and nothing is said at the start (seccomp
     # works here); the honest keep every mark
-    import shutil
-    if sandbox == 'uid' and os.geteuid() != 0:
-        pytest.skip('the uid sandbox runs as root')
-    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
-        pytest.skip('bubblewrap is not installed here')
+    skip_unless_it_runs(sandbox)
     attacks = {
         'memfd': """    import os
     fds = [os.memfd_create('held%%d' %% i) for i in range(4)]
@@ -1503,20 +1517,9 @@ REACH_ATTACKS = {
 
 # A container's seccomp filter that refuses unshare with EPERM, as Docker's default profile does without
 # CAP_SYS_ADMIN: the command it starts (argv), and every process that command starts, cannot make namespaces
-NO_NAMESPACES = r"""import ctypes, os, platform, struct, sys
-nr = {'x86_64': 272, 'aarch64': 97}[platform.machine()]   # unshare
-def op(code, k, jt=0, jf=0):
-    return struct.pack('HBBI', code, jt, jf, k)
+NO_NAMESPACES = seccomp_then_exec(r"""nr = {'x86_64': 272, 'aarch64': 97}[platform.machine()]   # unshare
 prog = op(0x20, 0) + op(0x15, nr, 0, 1) + op(0x06, 0x00050000 | 1) + op(0x06, 0x7fff0000)
-code = ctypes.create_string_buffer(prog, len(prog))
-class Program(ctypes.Structure):
-    _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
-program = Program(len(prog) // 8, ctypes.addressof(code))
-libc = ctypes.CDLL(None, use_errno=True)
-assert libc.prctl(ctypes.c_ulong(38), ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
-assert libc.prctl(ctypes.c_ulong(22), ctypes.c_ulong(2), ctypes.byref(program), ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0
-os.execv(sys.argv[1], sys.argv[1:])
-"""
+""")
 
 
 @pytest.mark.slow
@@ -1530,12 +1533,8 @@ def test_no_student_reaches_the_machine_by_udp_unix_sockets_or_proc(handouts, tm
     # stays open: /proc, which the prober then reads; the datagram and the socket stay refused. The honest keep
     # every mark
     import secrets
-    import shutil
     import socket
-    if sandbox.startswith('uid') and os.geteuid() != 0:
-        pytest.skip('the uid sandbox runs as root')
-    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
-        pytest.skip('bubblewrap is not installed here')
+    skip_unless_it_runs(sandbox)
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(('127.0.0.1', 0))
     path = f'/tmp/rd-attnres-test-{secrets.token_hex(4)}.sock'
@@ -2323,10 +2322,7 @@ def test_odd_files_and_names_in_a_folder_are_graded_as_what_they_are(handouts, t
     # name holds a newline and escape sequences (full marks, the name escaped on the console, in the files and the
     # gradebook); and the same honest project as a zip (full marks) and as a zip with a '..' entry (refused, said)
     import shutil
-    if sandbox == 'uid' and os.geteuid() != 0:
-        pytest.skip('the uid sandbox runs as root')
-    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
-        pytest.skip('bubblewrap is not installed here')
+    skip_unless_it_runs(sandbox)
     evil = 'evil\n  PASS 2 of 2  the paired table\x1b[2J\x1b]0;x\x07'
     out, base = tmp_path / 'out', tmp_path / 'class'
     base.mkdir()
@@ -2430,11 +2426,7 @@ def test_a_student_who_lies_through_torch_earns_what_the_values_earn(handouts, t
     # the values are compared by the grader's own torch on what the sandbox returned (tensors as safetensors: their
     # bytes, no object of the student's): a patched torch or a lying subclass around zeros earns 0, each concept
     # saying what differs (no traceback); the right values in the lying subclass earn full marks; the honest too
-    import shutil
-    if sandbox == 'uid' and os.geteuid() != 0:
-        pytest.skip('the uid sandbox runs as root')
-    if sandbox == 'bubblewrap' and not shutil.which('bwrap'):
-        pytest.skip('bubblewrap is not installed here')
+    skip_unless_it_runs(sandbox)
     mine = open(os.path.join(HERE, 'model.py')).read().split('\n')
     right = [mine[first + 1:last] for a, first, last in course.regions('\n'.join(mine)) if a == 1][0]
     students = {'good': [], 'unsolved': None, **{name: {'model.py': [body]} for name, body in TORCH_LIARS.items()},
