@@ -333,14 +333,14 @@ def grading_tree(n, submission, tree, follow=True):
 
 def their_line(where, lines_of):
     """The worker's 'model.py, line N: text' with N as a line of the student's own file when it is theirs."""
-    from course_kit.grader import student_said
+    from course_kit.grader import shown, student_said
     m = re.match(r'^(\S+\.py), line (\d+): (.*)$', where or '')
     if not m:
         return student_said(where)
     f, line, text = m.group(1), int(m.group(2)), m.group(3)
     if (f, line) in lines_of:
         return f"your {f}, line {lines_of[(f, line)]}: {student_said(text.strip(), 200)}"
-    return f"{f}, line {line} (called from your code)"
+    return f"{shown(f, 80)}, line {line} (called from your code)"   # (a file name the code can make up: inert)
 
 
 def with_room(fn, limit):
@@ -487,21 +487,34 @@ def same_files(subs, files):
 # of other entries is never expanded.
 MAX_ZIP = 100 * 2 ** 20   # bytes of a zip (Gradescope's uploads are at most 100 MB)
 ZIP_ENTRIES = 20_000      # entries of a zip, as MOST_ENTRIES of a folder (its directory is read into memory)
+ZIP_DIRECTORY = 4 * 2 ** 20   # bytes of a zip's directory: ZIP_ENTRIES entries of 200 bytes (46 and the name)
 ZIP_COPIES = 16           # entries that can be a file of the assignment (several copies of the project)
 
 
-def zip_entries(path):
-    """The number of entries a zip's end record says it holds, read before its directory is (a directory of
-    millions of entries would take gigabytes to read), or None where there is no such record."""
+def zip_directory(path):
+    """(entries, bytes) of the directory a zip's end record says it has, read before the directory is (a
+    directory of millions of entries would take gigabytes to read: zipfile reads as many bytes as the record
+    says, whatever number of entries it says), or None where there is no such record. Where a zip64 locator
+    comes before the end record, zipfile takes both from the zip64 record it points at: the larger of the two
+    records' values, each."""
     with open(path, 'rb') as f:
         f.seek(0, os.SEEK_END)
         size = f.tell()
         f.seek(max(0, size - 22 - 65535))
         tail = f.read()
-    at = tail.rfind(b'PK\x05\x06')
-    if at < 0 or len(tail) < at + 22:
-        return None
-    return int.from_bytes(tail[at + 10:at + 12], 'little')   # (0xffff: a zip64 archive, more than this counts)
+        at = tail.rfind(b'PK\x05\x06')
+        if at < 0 or len(tail) < at + 22:
+            return None
+        entries, directory = int.from_bytes(tail[at + 10:at + 12], 'little'), int.from_bytes(tail[at + 12:at + 16], 'little')
+        locator = tail[max(0, at - 20):at]
+        if locator[:4] == b'PK\x06\x07' and len(locator) == 20:
+            f.seek(int.from_bytes(locator[8:16], 'little'))
+            record = f.read(56)
+            if record[:4] != b'PK\x06\x06' or len(record) < 56:
+                return None
+            entries = max(entries, int.from_bytes(record[32:40], 'little'))
+            directory = max(directory, int.from_bytes(record[40:48], 'little'))
+    return entries, directory
 
 
 def unpacked(n, zip_path, dest):
@@ -520,10 +533,11 @@ def unpacked(n, zip_path, dest):
         size = os.path.getsize(zip_path)
         if size > MAX_ZIP:
             return f"the zip is {size:,} bytes, more than the {MAX_ZIP:,} an upload may have: zip only the project's files"
-        entries = zip_entries(zip_path)
-        if entries is None or entries > ZIP_ENTRIES:
-            return (f"the zip holds more than {ZIP_ENTRIES:,} entries" if entries else "the file is not a zip that "
-                    "can be read (no end record)") + f": {again}"
+        directory = zip_directory(zip_path)
+        if directory is None:
+            return f"the file is not a zip that can be read (no end record): {again}"
+        if directory[0] > ZIP_ENTRIES or directory[1] > ZIP_DIRECTORY:
+            return f"the zip holds more than {ZIP_ENTRIES:,} entries (or a directory of more than {ZIP_DIRECTORY:,} bytes): {again}"
         with zipfile.ZipFile(zip_path) as z:
             infos = z.infolist()
             if len(infos) > ZIP_ENTRIES:
@@ -637,7 +651,7 @@ def submissions_in(n, folder, layout=None):
     folder), and a plain file is skipped and said. Rows are told apart by what a person sees: a name that
     could print like another (course_grader.shown_name, skeleton) is shown with escapes and its note says why;
     two rows never print the same."""
-    from course_kit.grader import name_note, shown_name, skeleton
+    from course_kit.grader import look_alike, name_note, shown_name, skeleton
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as e:
@@ -661,7 +675,7 @@ def submissions_in(n, folder, layout=None):
     looks = [skeleton(raw) for raw, _, _ in subs]
     out = []
     for (raw, path, follow), look in zip(subs, looks):
-        alike = [other for (other, _, _), o in zip(subs, looks) if o == look and other != raw]
+        alike = [other for (other, _, _), o in zip(subs, looks) if look_alike(o, look) and other != raw]
         note = [name_note(raw)] if name_note(raw) else []
         if alike:
             note.append("prints like another student's name: "
@@ -732,19 +746,19 @@ def folder_layout(assignment_files, project_files_here, folders, files):
 def file_names(names, looks=None):
     """Each student's name (as shown) as the name of their files in out_dir: the name, or if it is longer than
     150 bytes (a file name may have 255, and '.results.json' and a temporary suffix are added) its first 130
-    bytes and a digest of the whole. Names that look alike (one skeleton: the same but for case, compatibility
-    characters or look-alike letters, which a file system or a person may not tell apart) each get a digest of
+    bytes and a digest of the whole. Names that look alike (course_grader.look_alike: the same but for case,
+    compatibility characters or look-alike letters, which a file system or a person may not tell apart) each get a digest of
     their own name, so no student takes another's plain name whatever the order (looks: the skeletons of the
     names as the students wrote them; by default of the names as given); and where two files still
     have one name, even in another case, a number: no student's files ever replace another's."""
     import hashlib
-    from course_kit.grader import skeleton
+    from course_kit.grader import look_alike, skeleton
     looks = looks or [skeleton(name) for name in names]
     taken, out = set(), []
     for i, name in enumerate(names):
         digest = hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()
         base = name if len(name.encode()) <= 150 else name.encode()[:130].decode('utf-8', 'ignore') + '~' + digest[:16]
-        if looks.count(looks[i]) > 1:
+        if sum(look_alike(looks[i], other) for other in looks) > 1:
             base += '~' + digest[:8]
         file, k = base, i + 1
         while file.casefold() in taken:
@@ -800,12 +814,32 @@ def secret_files(root=HERE):
     kit = ['course_kit/grader.py', 'tests/test_hidden.py', 'tests/test_course.py', 'tests/test_course_check.py']
     marked = [f for f in GRADING_FILES if os.path.isfile(os.path.join(root, f)) and (
         regions(open(os.path.join(root, f)).read()) or regions(open(os.path.join(root, f)).read(), WITH_BEGIN, WITH_END))]
-    return [os.path.join(root, f) for f in kit + marked if os.path.isfile(os.path.join(root, f))]
+    named = [os.path.join(root, f) for f in kit + marked if os.path.isfile(os.path.join(root, f))]
+    compiled = []   # (their bytecode holds the same code: __pycache__/model.cpython-311.pyc, ...)
+    for path in named:
+        cache = os.path.join(os.path.dirname(path), '__pycache__')
+        stem = os.path.basename(path)[:-len('.py')] + '.'
+        compiled += [os.path.join(cache, c) for c in (sorted(os.listdir(cache)) if os.path.isdir(cache) else [])
+                     if c.startswith(stem) and c.endswith('.pyc')]
+    history = []    # (the repository's history holds every version of them: git show HEAD:model.py)
+    gits = [os.path.join(root, '.git')]
+    if os.path.isfile(gits[0]):   # (a worktree or a submodule: "gitdir: <its folder>", whose commondir holds the rest)
+        pointed = open(gits[0], errors='replace').read().partition('gitdir:')[2].strip()
+        gits = [os.path.join(root, pointed)] if pointed else []
+        common = os.path.join(gits[0], 'commondir') if gits else ''
+        if os.path.isfile(common):
+            gits.append(os.path.normpath(os.path.join(gits[0], open(common, errors='replace').read().strip())))
+    for git in gits:
+        for folder, _, files in os.walk(git):
+            history += [folder] + [os.path.join(folder, f) for f in files]
+    return named + compiled + history
 
 
 def closed_to_sandbox(n, folders):
     """SystemExit naming what the uid sandbox's user could read, and what to do, where it could read the
-    instructor's files (secret_files) or, in a class, the students' submissions (another's answer); else None."""
+    instructor's files (secret_files) or, in a class, the students' submissions (another's answer); else None.
+    (With Landlock the worker reads nothing outside the system's folders, Python's and its own either, whatever
+    the permissions: course_worker.no_writes; without it, grading says so: course_grader.OTHER_FILES.)"""
     from course_kit import grader as course_grader
     students = [os.path.join(f, x) for f in folders for x in files_of(n)] + folders if len(folders) > 1 else []
     try:

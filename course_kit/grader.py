@@ -91,13 +91,28 @@ LOOKALIKES = {
 }
 
 
+# Characters that print as nothing (Unicode's default-ignorable code points: joiners, fillers, variation selectors)
+INVISIBLE = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+             (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+             (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+             (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+
+
+def invisible(c):
+    import unicodedata
+    return unicodedata.category(c) == 'Cf' or any(lo <= ord(c) <= hi for lo, hi in INVISIBLE)
+
+
 def skeleton(name):
     """What a name looks like, as one string: compatibility-normalised (NFKC: the Kelvin sign is K, the
-    Angstrom sign A-ring), case folded, look-alike letters of other scripts as the Latin ones they print as.
-    Two names with one skeleton may print the same."""
+    Angstrom sign A-ring), case folded, look-alike letters of other scripts as the Latin ones they print as,
+    without the characters that print as nothing, and in a name with Latin letters without combining marks (a
+    dot over a letter). Two names with one skeleton may print the same."""
     import unicodedata
     folded = unicodedata.normalize('NFKC', unicodedata.normalize('NFKC', name).casefold())
-    return ''.join(LOOKALIKES.get(c, c) for c in folded)
+    latin = any(c.isascii() and c.isalpha() for c in folded)
+    return ''.join(LOOKALIKES.get(c, c) for c in folded
+                   if not invisible(c) and not (latin and unicodedata.combining(c)))
 
 
 def shown_name(name, lookalikes=False):
@@ -112,10 +127,22 @@ def shown_name(name, lookalikes=False):
     latin = any(c.isascii() and c.isalpha() for c in name)
 
     def suspect(c):
-        return (lookalikes and not c.isascii() or not nfc and unicodedata.combining(c)
+        return (lookalikes and not c.isascii() or (not nfc or latin) and unicodedata.combining(c) or invisible(c)
                 or unicodedata.normalize('NFKC', c) != c or latin and c.casefold() in LOOKALIKES)
     return ''.join(f'\\u{ord(c):04x}' if ord(c) < 0x10000 and suspect(c) else
                    f'\\U{ord(c):08x}' if suspect(c) else c for c in name)
+
+
+def look_alike(a, b):
+    """Whether two skeletons may print the same: one skeleton, or of one length, alike in most places, and apart
+    only where one holds an ASCII letter and the other a letter outside ASCII (a look-alike LOOKALIKES does not
+    list: the dotless i, Armenian oh). Two names of other scripts (two Chinese names of one length), or a Latin
+    name beside one of another script, are not taken as alike."""
+    if a == b:
+        return True
+    apart = [(x, y) for x, y in zip(a, b) if x != y]
+    return (len(a) == len(b) and 2 * len(apart) <= len(a) and
+            all(x.isalpha() and y.isalpha() and x.isascii() != y.isascii() for x, y in apart))
 
 
 def name_note(name):
@@ -128,6 +155,11 @@ def name_note(name):
         why.append('compatibility characters (NFKC changes it)')
     if any(c.isascii() and c.isalpha() for c in name) and any(c.casefold() in LOOKALIKES for c in name):
         why.append('letters of another script that print as Latin ones')
+    if any(invisible(c) for c in name):
+        why.append('characters that print as nothing')
+    elif (unicodedata.normalize('NFC', name) == name and any(c.isascii() and c.isalpha() for c in name)
+          and any(unicodedata.combining(c) for c in name)):
+        why.append('combining marks (a mark over a letter that is not one letter)')
     return ', '.join(why)
 
 
@@ -282,15 +314,25 @@ def nan_said(name, x, where=''):
             "number (a division by zero, a log or sqrt of a negative, an overflow in the softmax?)")
 
 
-def as_specified(got, ref):
+def as_specified(inputs):
     """The read under autocast (got: h, alpha) against the same code's read in float64 (h64, alpha64): float32,
-    not rounded to bf16; and a read: alpha a distribution over the sources that the pseudo-queries move."""
+    not rounded to bf16; and a read of `inputs`' sources (x0, x1, ...): alpha a distribution over them that the
+    pseudo-queries move, h the sources mixed by it."""
+    import torch
+    sources = torch.stack([inputs[f'x{i}'] for i in range(len(inputs) - 1)], -1).double()   # (B, T, d, N)
+    return lambda got, ref: read_as_specified(got, ref, sources)
+
+
+def read_as_specified(got, ref, sources):
     import torch
     t = got[0]
     for name in ('h', 'alpha', 'h64', 'alpha64'):
         if not isinstance(t.get(name), torch.Tensor) or not t[name].is_floating_point():
             return f"{name} should be a tensor of floats; got {their_value(t.get(name))}"
     for name in ('h', 'alpha'):
+        if t[name + '64'].dtype != torch.float64:
+            return (f"{name} of float64 sources is {str(t[name + '64'].dtype).replace('torch.', '')}, not float64: "
+                    "outside autocast the read keeps its sources' dtype")
         nan = nan_said(name, t[name], 'under bf16 autocast') or nan_said(name, t[name + '64'], 'in float64')
         if nan:
             return nan
@@ -306,6 +348,9 @@ def as_specified(got, ref):
         return "alpha is not a distribution over the sources (a softmax over the last axis)"
     if not (alpha[0] - alpha[1]).abs().max() > 1e-6:
         return "alpha is the same for two different pseudo-queries: the read does not use them"
+    if alpha.shape[-1] != sources.shape[-1] or not torch.allclose(
+            t['h64'], torch.einsum('btdn,rbtn->rbtd', sources, alpha), rtol=1e-7, atol=1e-9):
+        return "h is not the sources mixed by alpha (h = sum_s alpha_s b_s, the raw sources)"
     return None
 
 
@@ -329,9 +374,10 @@ def assignment1():
            same_tensors('h', 'alpha', dtype=torch.float64), None) for n, r in ((1, 1), (2, 1), (3, 2), (5, 3))]
     f32 = {**sources(31, 4, dtype=torch.float32), 'w': torch.randn(2, 8, generator=generator(32))}
     # (how the read is computed, not what: under autocast it must give what the same code gives in float64, so
-    # that a wrong formula loses the equations alone; and it must be a read at all, alpha moved by w)
+    # that a wrong formula loses the equations alone; and it must be a read at all: alpha moved by w, h the
+    # sources mixed by alpha)
     spec = [("the read under bf16 autocast, float32 sources", 'read_sources_autocast', dict(n_sources=4), f32,
-             as_specified, None),
+             as_specified(f32), None),
             ("the operations of the read", 'read_sources_ops', dict(n_sources=4), f32, no_matmul, None)]
     return (
         Concept("the read's equations: normalised sources scored, raw sources mixed, a softmax over the sources", 2,
@@ -402,6 +448,20 @@ def count_said(l, got, want, S, L, route=None):
             f"{abs(got - want)} {'missing' if got < want else 'extra'}")
 
 
+def whole(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def read_calls(meta):
+    """The hook's record of the reads that ran, [[sublayer, number of sources, in the graph], ...], as the sandbox
+    sent it; None where it is anything else (the submission's code can write there what it likes)."""
+    calls = meta.get('calls')
+    if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3 and whole(c[0]) and whole(c[1])
+                                              and isinstance(c[2], bool) for c in calls):
+        return None
+    return calls
+
+
 def increments(got, ref):
     """The whole model's logits; when they differ, the first read whose sources differ from the instructor's
     model's (seen by a hook on every read point), and which of its sources."""
@@ -410,11 +470,12 @@ def increments(got, ref):
     if not problem:
         return None
     S, L = ref[1]['S'], ref[1]['L']
-    calls = got[1].get('calls') if isinstance(got[1].get('calls'), list) else []
+    calls = read_calls(got[1])
+    if calls is None:
+        return f"{problem}: the record of the reads that ran could not be read"
     firsts = {}
     for k, call in enumerate(calls):   # each read point's first call (a read called twice: its first)
-        if isinstance(call, list) and len(call) == 3 and isinstance(call[0], int):
-            firsts.setdefault(call[0], (k, call[1]))
+        firsts.setdefault(call[0], (k, call[1]))
     for k, (l, n, _) in enumerate(ref[1]['calls']):
         if l not in firsts:
             return f"{problem}: {read_said(l, L)} never ran"
@@ -436,7 +497,8 @@ def reads_recorded(got, ref):
     reads, want = got[1].get('reads'), ref[1]['reads']
     if not isinstance(reads, list) or not reads:
         return "no read was recorded: pass `log` to every read"
-    if not all(isinstance(r, list) and len(r) == 3 for r in reads):
+    if not all(isinstance(r, list) and len(r) == 3 and whole(r[0]) and (r[1] is None or isinstance(r[1], str))
+               and whole(r[2]) for r in reads):
         return "the recorded reads could not be read"
     if len(reads) < len(want) and all(r in [w[:2] for w in want] for r in [r[:2] for r in reads]):
         missing = [read_said(l, L, route) for l, route, _ in want if [l, route] not in [r[:2] for r in reads]]
@@ -456,14 +518,13 @@ def pseudo_queries_learn(got, ref):
     constant softmax (a zero gradient), a read of more must pass a gradient to its pseudo-query when it feeds the
     loss. So a wrong source is not counted here: only a read that runs apart from the loss."""
     L = ref[1]['L']
-    states, calls = got[1].get('grads'), got[1].get('calls')
-    if not isinstance(states, dict) or not isinstance(calls, list):
+    states, calls = got[1].get('grads'), read_calls(got[1])
+    if not isinstance(states, dict) or calls is None:
         return "the gradients could not be read"
     counts = {}
     for call in calls:
-        if isinstance(call, list) and len(call) == 3:
-            counts.setdefault(call[0], call[1])
-    cut = any(isinstance(call, list) and len(call) == 3 and call[2] is False for call in calls)
+        counts.setdefault(call[0], call[1])
+    cut = any(call[2] is False for call in calls)
     for name, l in ref[1]['sublayer_of'].items():
         if l not in counts:
             return f"{name} cannot learn: {read_said(l, L)} never ran (every read takes part in the forward pass)"
@@ -508,10 +569,14 @@ def assignment3():
                 "read)", probes(pseudo_queries_learn)))
 
 
-def same_anywhere(got, ref):
-    """A step's windows asked by another rank are the ones a single process gets: M windows of the data that
-    change from step to step (so a fixed list is no order); whether they are the right ones is the exact
-    order's concept."""
+def same_anywhere(n_windows):
+    """A step's windows asked by another rank are the ones a single process gets: M windows of the data (indices
+    of its n_windows) that change from step to step (so a fixed list is no order); whether they are the right
+    ones is the exact order's concept."""
+    return lambda got, ref: windows_anywhere(got, ref, n_windows)
+
+
+def windows_anywhere(got, ref, n_windows):
     v = got[1]
     here, alone, after = v.get('windows'), v.get('alone'), v.get('next')
     n = len(ref[1]['alone'])
@@ -523,6 +588,8 @@ def same_anywhere(got, ref):
                 "(nothing may depend on RANK or WORLD_SIZE)")
     if len(alone) != n:
         return f"a step has {len(alone)} windows, not M = {n}: the whole step, all ranks together"
+    if not all(0 <= i < n_windows for i in alone):
+        return f"a step's windows should be indices of the data's {n_windows} windows (0 to {n_windows - 1})"
     if alone == after:
         return "the windows are the same at every step: no data order"
     return None
@@ -539,7 +606,7 @@ def assignment4():
     def anywhere(env, cases):   # (the code's own order asked by another rank: its independence, not its order)
         return tuple((f"the windows of step {step} ({w} per step, {n} windows, seed {seed}), asked by rank "
                       f"{env['RANK']} of {env['WORLD_SIZE']} and by one process", 'step_windows_anywhere',
-                      dict(step=step, n_windows=n, windows_per_step=w, seed=seed, env=env), {}, same_anywhere, None)
+                      dict(step=step, n_windows=n, windows_per_step=w, seed=seed, env=env), {}, same_anywhere(n), None)
                      for step, n, w, seed in cases)
     return (
         Concept("the exact order: each epoch a seed-keyed permutation, steps crossing epochs", 2,
@@ -675,7 +742,16 @@ def check_sandbox(sandbox):
                                 "(as Gradescope's image does: /usr, or a venv under /autograder) with TMPDIR=/tmp")
     elif sandbox not in SANDBOXES:
         raise NoSandbox(f"no sandbox {sandbox!r}: choose one of {', '.join(SANDBOXES)}")
-    return what_is_lost(sandbox, *worker_probe(sandbox))
+    return '; and '.join(x for x in (what_is_lost(sandbox, *worker_probe(sandbox)), memory_lost(sandbox)) if x) or None
+
+
+def memory_lost(sandbox):
+    """What `sandbox` loses where no memory cgroup can be made here, in one clause, or None."""
+    cgroups, why = memory_cgroups()
+    if sandbox == 'none' or cgroups:
+        return None
+    return (f"--sandbox {sandbox}: a memory cgroup cannot be made here ({why}): a submission can hold "
+            f"{MEMORY // 2 ** 30} GB in each of {PROCESSES} processes (COURSE.md, \"The sandbox\")")
 
 
 # What a submission could do were a mechanism missing, and the mechanisms that each stop it (any one suffices), for
@@ -683,6 +759,8 @@ def check_sandbox(sandbox):
 LANDLOCK, SECCOMP, NAMESPACES = 'Landlock', 'seccomp', 'namespaces'
 SHARED_WRITES = ("write to the machine's shared temporary folders (/tmp, /var/tmp, /dev/shm, /run/lock) like any user "
                  "(64 MB a file but not bounded in total, removed after its run)")
+OTHER_FILES = ("read every file that other users may read (the kit's own secret files are checked closed first): "
+               "a copy of the project elsewhere on the machine, a student's folder beside the one graded alone")
 UNCOUNTED = "hold memory its address-space limit does not count (memfd_create)"
 SYSTEM_V = "share System V shared memory, message queues and semaphores with a student graded at the same time"
 UDP = "send UDP datagrams to the machine's ports (127.0.0.1)"
@@ -700,7 +778,8 @@ def losses(sandbox, abi):
         return [(UNCOUNTED, (SECCOMP,))]
     if sandbox != 'uid':
         return []
-    return [(SHARED_WRITES, (LANDLOCK,)), (UNCOUNTED, (SECCOMP,)), (SYSTEM_V, (SECCOMP, NAMESPACES)),
+    return [(SHARED_WRITES, (LANDLOCK,)), (OTHER_FILES, (LANDLOCK,)), (UNCOUNTED, (SECCOMP,)),
+            (SYSTEM_V, (SECCOMP, NAMESPACES)),
             (TCP, (LANDLOCK,) * (abi == 0 or abi >= 4) + (SECCOMP, NAMESPACES)), (UDP, (SECCOMP, NAMESPACES)),
             (ABSTRACT, (LANDLOCK,) * (abi == 0 or abi >= 6) + (SECCOMP, NAMESPACES)), (UNIX_FILES, (SECCOMP,)),
             (PROCESSES_SEEN, (NAMESPACES,))]
@@ -712,7 +791,7 @@ def what_is_lost(sandbox, abi, why_landlock='', why_seccomp='', why_namespaces='
     each loss that no other mechanism stops, said once, under the first of them."""
     missing = {LANDLOCK: why_landlock if not abi else '', SECCOMP: why_seccomp, NAMESPACES: why_namespaces}
     said, clauses = set(), []
-    where = '"Where bubblewrap cannot start"' if sandbox == 'uid' else '"How grading works"'
+    where = '"Where bubblewrap cannot start"' if sandbox == 'uid' else '"The sandbox"'
     for mechanism in (LANDLOCK, SECCOMP, NAMESPACES):
         if not missing[mechanism]:
             continue
@@ -747,7 +826,7 @@ if sys.argv[3] and not ns and sorted(p for p in os.listdir('/proc') if p.isdigit
     ns = 'its /proc shows other processes'
 abi, why = worker.landlock_abi(), ''
 try:
-    worker.confine()
+    worker.confine(json.loads(sys.argv[4]))
     try:
         os.remove(tempfile.mkstemp()[1])
         abi, why = 0, 'it took no writes'
@@ -781,8 +860,11 @@ def worker_probe(sandbox):
     user = str(FIRST_UID - 1) if sandbox == 'uid' else ''   # (bubblewrap's worker: as this process, for Landlock)
     with _probe_lock:
         if user not in _probed:
-            p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user, '1' if user else ''],
-                               env={}, cwd='/', capture_output=True, text=True)
+            # (the uid sandbox's worker reads only uid_readable(): torch started under it here, so that a list
+            # that misses a folder Python needs fails once, here, not in every student's run)
+            readable = json.dumps(uid_readable() if user else None)
+            p = subprocess.run([sys.executable, '-I', '-c', PROBE, course_worker.__file__, user, '1' if user else '',
+                                readable], env={}, cwd='/', capture_output=True, text=True)
             try:
                 abi, why, ipc, ns = json.loads(p.stdout.strip().split('\n')[-1])
             except (ValueError, IndexError):
@@ -833,6 +915,94 @@ def closed_to_others(path):
 
 
 SHARED_FOLDERS = ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '/var/lock')   # every user may write in them
+
+
+# -----------------------------------------------------------------------------
+# A memory cgroup of its own for each run, where this process can make one (root, and a memory controller in
+# which its own cgroup may have children: cgroup v1's memory hierarchy, or v2 with memory enabled below it): every
+# process of the run together holds at most MEMORY, the memory its tmpfs files take included. The address-space
+# limit is per process: without a cgroup, PROCESSES processes of MEMORY each (grading says so: check_sandbox)
+
+def memory_cgroups():
+    """(the folder new memory cgroups are made in, the file of their limit, the file of their out-of-memory
+    kills), or (None, why not) where none can be made here (or swap would hold what the limit does not)."""
+    if os.geteuid() != 0:
+        return None, 'only root can make them'
+    if not os.access('/bin/sh', os.X_OK):
+        return None, 'no /bin/sh to start a run in its cgroup'
+    try:
+        lines = open('/proc/self/cgroup').read().splitlines()
+    except OSError as e:
+        return None, f"/proc/self/cgroup cannot be read ({e.strerror})"
+    for line in lines:
+        _, controllers, path = line.split(':', 2)
+        if 'memory' in controllers.split(','):   # (v1: a hierarchy of the memory controller's own)
+            base = os.path.join('/sys/fs/cgroup/memory', path.lstrip('/'))
+            if os.path.isfile(os.path.join(base, 'memory.limit_in_bytes')) and os.access(base, os.W_OK):
+                if swap_on() and not os.path.isfile(os.path.join(base, 'memory.memsw.limit_in_bytes')):
+                    return None, 'swap is on and this kernel does not count it in a cgroup (no memory.memsw)'
+                return (base, 'memory.limit_in_bytes', 'memory.oom_control'), ''
+        elif controllers == '':                  # (v2: one hierarchy, memory enabled for children or not)
+            for mount in ('/sys/fs/cgroup', '/sys/fs/cgroup/unified'):
+                base = os.path.join(mount, path.lstrip('/'))
+                try:
+                    enabled = open(os.path.join(base, 'cgroup.subtree_control')).read().split()
+                except OSError:
+                    continue
+                if 'memory' in enabled and os.access(base, os.W_OK):
+                    return (base, 'memory.max', 'memory.events'), ''
+    return None, 'no memory controller in which this process may make a cgroup'
+
+
+def swap_on():
+    try:
+        return len(open('/proc/swaps').read().splitlines()) > 1
+    except OSError:
+        return False
+
+
+class MemoryCgroup:
+    """A cgroup of the memory controller for one run, limited to `limit` bytes, swap included (v1: memory and
+    swap together; v2: no swap); `wrap(cmd)` starts cmd in it (a shell that moves itself in, then runs cmd: every
+    process cmd starts is in it too; where it cannot move, it ends with EX_OSERR before cmd runs, which
+    run_worker says is the grader's failure, never the student's)."""
+
+    def __init__(self, limit):
+        (self.base, self.limit_file, self.events), _ = memory_cgroups()
+        self.path = tempfile.mkdtemp(prefix='rd-attnres-', dir=self.base)
+        for name, value in ((self.limit_file, limit), ('memory.memsw.limit_in_bytes', limit), ('memory.swap.max', 0)):
+            if os.path.exists(os.path.join(self.path, name)):
+                with open(os.path.join(self.path, name), 'w') as f:
+                    f.write(str(value))
+
+    def wrap(self, cmd):
+        # (PWD unset: the shell sets it, and bubblewrap's sandbox is to start with an empty environment)
+        return ['/bin/sh', '-c', f'unset PWD; echo $$ > "$0" || exit {course_worker.EX_OSERR}; exec "$@"',
+                os.path.join(self.path, 'cgroup.procs'), *cmd]
+
+    def out_of_memory(self):
+        """Whether the kernel killed a process of the run for the cgroup's limit."""
+        try:
+            text = open(os.path.join(self.path, self.events)).read()
+        except OSError:
+            return False
+        return any(line.split()[:1] == ['oom_kill'] and int(line.split()[1]) > 0 for line in text.splitlines())
+
+    def remove(self):
+        """Every process still in it killed, then the cgroup removed (once its last process is reaped)."""
+        for _ in range(100):
+            try:
+                for pid in open(os.path.join(self.path, 'cgroup.procs')).read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.05)
 
 
 def end_processes_of(uid, tops=()):
@@ -908,6 +1078,16 @@ def tree_of(top):
     return found
 
 
+SYSTEM_FOLDERS = ('/usr', '/lib', '/lib32', '/lib64', '/bin', '/sbin', '/etc')   # read-only in either sandbox
+DEVICES = ('/dev/null', '/dev/zero', '/dev/full', '/dev/random', '/dev/urandom')   # (not the machine's /dev/shm)
+
+
+def uid_readable(*own):
+    """What the uid sandbox's worker may read (Landlock): what bubblewrap's sandbox shows (the system's folders,
+    Python's, /proc and /sys, the devices honest code opens), and its own folders."""
+    return [*SYSTEM_FOLDERS, '/proc', '/sys', *DEVICES, *python_paths(), *own]
+
+
 def sandbox_command(tree, cpu_seconds=60, no_writes=False):
     """bubblewrap's command line for a worker in `tree` (read-only at /grade) with cpu_seconds of CPU time in
     all (no_writes: worker_env), or NoSandbox."""
@@ -920,7 +1100,7 @@ def sandbox_command(tree, cpu_seconds=60, no_writes=False):
            '--unshare-uts', '--unshare-cgroup-try']
     if os.geteuid() != 0:
         cmd += ['--unshare-user']   # unprivileged: a user namespace; as root the worker drops to a user of its own
-    for path in ('/usr', '/lib', '/lib32', '/lib64', '/bin', '/sbin', '/etc'):
+    for path in SYSTEM_FOLDERS:
         if os.path.islink(path):
             cmd += ['--symlink', os.readlink(path), path]
         elif os.path.isdir(path):
@@ -944,14 +1124,15 @@ def sandbox_command(tree, cpu_seconds=60, no_writes=False):
     return cmd + [sys.executable, '-I', '-B', '/grade/course_worker.py']
 
 
-def worker_env(cpu_seconds, no_writes=False, namespaces=False):
+def worker_env(cpu_seconds, no_writes=False, namespaces=False, readable=None):
     """The worker's whole environment: nothing of the grader's (it may hold secrets), its limits (with no_writes:
-    Landlock takes writing from it, course_worker.confine; with namespaces: it moves into namespaces of its own
-    before it becomes its user, course_worker.own_namespaces), and, as root, the user it becomes."""
+    Landlock takes writing from it, course_worker.confine, and with `readable` every read but beneath those
+    folders; with namespaces: it moves into namespaces of its own before it becomes its user,
+    course_worker.own_namespaces), and, as root, the user it becomes."""
     env = dict(PATH='/usr/bin:/bin', HOME='/tmp', OMP_NUM_THREADS='1', PYTHONDONTWRITEBYTECODE='1',
                COURSE_WORKER_LIMITS=json.dumps(dict(memory=MEMORY, cpu_seconds=int(cpu_seconds) + 1,
                                                     file_size=FILE_SIZE, processes=PROCESSES, no_writes=no_writes,
-                                                    namespaces=namespaces)))
+                                                    namespaces=namespaces, readable=readable)))
     if os.geteuid() == 0:
         env['COURSE_WORKER_USER'] = str(next_uid())
     return env
@@ -1084,12 +1265,14 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
     uid, no_writes = None, abi > 0   # (Landlock here: the worker takes its writes from itself)
     if sandbox == 'bubblewrap':   # (bubblewrap itself starts with an empty environment: the code's /proc/1/environ is empty)
         env, cmd = {}, sandbox_command(tree, cpu_seconds * n_concepts, no_writes)
-    else:   # (the uid sandbox: namespaces of its own where the kernel makes them here)
-        env, cmd = (worker_env(cpu_seconds * n_concepts, no_writes, sandbox == 'uid' and not no_namespaces),
+    else:   # (the uid sandbox: namespaces of its own where the kernel makes them here; with Landlock, it reads
+        # what bubblewrap's sandbox shows: the system's folders, Python's, and its own student folder)
+        student = os.path.dirname(os.path.abspath(tree))
+        env, cmd = (worker_env(cpu_seconds * n_concepts, no_writes, sandbox == 'uid' and not no_namespaces,
+                               uid_readable(student) if no_writes and sandbox == 'uid' else None),
                     [sys.executable, '-I', '-B', os.path.join(tree, 'course_worker.py')])
         if sandbox == 'uid':   # the worker becomes a user of its own (COURSE_WORKER_USER) before it reads anything
             uid = int(env['COURSE_WORKER_USER'])
-            student = os.path.dirname(os.path.abspath(tree))
             home = os.path.join(student, f'home-{uid}')
             os.mkdir(home, 0o700)
             os.chown(home, uid, uid)
@@ -1098,8 +1281,11 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
             env.update(HOME=home, TMPDIR=home)
         else:                  # none: trusted code runs as we are
             env.pop('COURSE_WORKER_USER', None)
-    work = tempfile.mkdtemp(dir=grading_folder())   # the outputs: the grader's alone, outside the tree
+    work, cgroup = tempfile.mkdtemp(dir=grading_folder()), None   # the outputs: the grader's alone, outside the tree
     try:
+        if sandbox != 'none' and memory_cgroups()[0]:
+            cgroup = MemoryCgroup(MEMORY)
+            cmd = cgroup.wrap(cmd)
         paths = [os.path.join(work, name) for name in ('request', 'answers')]
         with open(paths[0], 'wb') as f:
             f.write(request)
@@ -1140,7 +1326,7 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         if ended is None and proc.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             ended = 'cpu'
         elif ended is None and proc.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL) and answered() <= n_concepts:
-            ended = 'killed'
+            ended = 'memory' if cgroup and cgroup.out_of_memory() else 'killed'
         if full and answered() <= n_concepts and ended not in ('cpu', 'clock'):
             # a disk it filled itself (the uid sandbox: its files held a good part of it) is its own doing; one
             # that another filled is not: run again (run_with_room)
@@ -1150,6 +1336,8 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
         stderr_text = bytes(stderr.tail).decode('utf-8', 'replace')
     finally:
         remove_tree(work)
+        if cgroup:
+            cgroup.remove()
     return answers, stderr_text, ended, time.time() - t0
 
 
@@ -1196,7 +1384,9 @@ def evaluate_concepts(concepts, tree, cpu_seconds, sandbox, place=lambda where: 
             what = {'cpu': f"did not finish within {cpu_seconds:.0f} s of CPU time",
                     'clock': f"did not finish within {2 * cpu_seconds:.0f} s of wall-clock time (twice its "
                              f"{cpu_seconds:.0f} s of CPU time: code that sleeps or waits is stopped by the clock)",
-                    'killed': "was killed: past its CPU time, or out of memory"}.get(ended)
+                    'killed': "was killed: past its CPU time, or out of memory",
+                    'memory': f"was stopped: its processes together held more than {MEMORY // 2 ** 30} GB of "
+                              "memory"}.get(ended)
             what = what or "ended without answering" + (f": {student_said(last_line(stderr))}" if last_line(stderr) else '')
             out.append((False, [f"the code {what}"], ended in ('cpu', 'clock'), share))
     return out

@@ -1,5 +1,5 @@
 """
-The course kit's probes: what the grader asks of a student's code (COURSE.md, "How grading works").
+The course kit's probes: what the grader asks of a student's code (COURSE.md, "Grading").
 
     python course_worker.py < request.safetensors > answers      (its name in the sandbox's tree)
 
@@ -263,6 +263,8 @@ def apply_limits(limits):
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446   # (every architecture but alpha)
 LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH, PR_SET_NO_NEW_PRIVS = 1, 1, 38
 FS_WRITE_FILE, FS_TRUNCATE = 1 << 1, 1 << 14
+FS_READ_FILE = 1 << 2
+FS_READS = 1 << 0 | FS_READ_FILE | 1 << 3   # ABI 1: execute a file, read a file, list a folder
 FS_WRITES = {   # the file system's write rights each ABI knows: writing a file, removing and making anything
     1: FS_WRITE_FILE | sum(1 << i for i in range(4, 13)),   # (remove a folder or file; make a char device, folder,
     2: 1 << 13,                                             #  file, socket, FIFO, block device, link), refer
@@ -297,40 +299,50 @@ def landlock_abi():
         return 0
 
 
-def no_writes():
+def no_writes(readable=None):
     """Take from this process, and every process it starts, every write to the file system but /dev/null's: no file,
     folder, link, socket or FIFO made, none written, truncated, renamed or removed; the descriptors already open
     (the answers, the stderr pipe) stay as they are, since Landlock checks a file when it is opened. With ABI 4 no
-    TCP port either (bound or connected), with ABI 6 no abstract Unix socket of another process. OSError where
-    Landlock cannot be used (its strerror: why)."""
+    TCP port either (bound or connected), with ABI 6 no abstract Unix socket of another process. With `readable`
+    (folders and files), no read either but beneath those folders and of those files: no file opened or run, no
+    folder listed elsewhere, whatever its permissions (the uid sandbox: another copy of the project, another
+    student's folder). OSError where Landlock cannot be used (its strerror: why)."""
     abi = syscall(LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    fs = sum(bits for version, bits in FS_WRITES.items() if version <= abi)
+    fs = sum(bits for version, bits in FS_WRITES.items() if version <= abi) | (FS_READS if readable is not None else 0)
     attr = struct.pack('=QQQ', fs, NET_TCP if abi >= 4 else 0, SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
     attr = attr[:8 if abi < 4 else 16 if abi < 6 else 24]   # (the struct as this ABI knows it)
     ruleset = syscall(LANDLOCK_CREATE_RULESET, attr, len(attr), 0)
+
+    def allow(path, rights, flags=0):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC | flags)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return   # (a folder this user cannot reach it cannot read either)
+        try:
+            syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, struct.pack('=Qi', rights, fd), 0)
+        finally:
+            os.close(fd)
     try:
         if os.path.exists('/dev/null'):   # (written by honest code: open(os.devnull, 'w'), as torch's import does)
-            null = os.open('/dev/null', os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = struct.pack('=Qi', FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0), null)
-                syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0)
-            finally:
-                os.close(null)
+            allow('/dev/null', FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+                  | (FS_READ_FILE if readable is not None else 0))
+        for path in readable or ():   # (a folder: what is beneath it; a file, /dev/urandom say: only it)
+            allow(path, FS_READS, os.O_DIRECTORY) if os.path.isdir(path) else allow(path, FS_READ_FILE)
         libc_call('prctl', PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)   # (no setuid program gives back what is taken)
         syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0)
     finally:
         os.close(ruleset)
 
 
-def confine():
+def confine(readable=None):
     """What the worker does to itself before any student code can run, when the grader asks (it found Landlock
     where the sandbox runs): the temporary folder resolved first (tempfile tries to write a file in it, as
     torch's import asks for it through dill), torch's compile cache put in it (torch._dynamo makes that folder
     when it is first imported, which iterating over a tensor under a dispatch mode does: a folder that exists
-    is not made), then no writes."""
+    is not made), then no writes (and, given `readable`, no reads but beneath those folders: no_writes)."""
     import tempfile
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.gettempdir()
-    no_writes()
+    no_writes(readable)
 
 
 # -----------------------------------------------------------------------------
@@ -339,36 +351,43 @@ def confine():
 # System V IPC (shmget, shmat, msgget, semget: two students graded at once would share it where there is no IPC
 # namespace) and no socket of any family (socket: UDP, which Landlock does not restrict, and the Unix sockets in the
 # file system that every user may connect to; honest code needs none, and glibc's lookups that try nscd's socket
-# go on without it). Each fails with EPERM; every other system call is left alone (socketpair too: a connected
-# pair reaches nothing outside).
+# go on without it), nor io_uring (io_uring_setup, _enter, _register: a ring's requests make and connect sockets
+# without the socket call). Each fails with EPERM; every other system call is left alone, and socketpair for a
+# stream pair (a connected pair of streams reaches nothing outside; a datagram one could send to a socket of the
+# file system by its path, /dev/log's: refused).
 
 SECCOMP_SET_MODE_FILTER, EPERM = 1, 1
+IO_URING = {'io_uring_setup': 425, 'io_uring_enter': 426, 'io_uring_register': 427}   # (x86_64's and aarch64's alike)
 AUDIT_ARCHES = {   # the machine -> (its AUDIT_ARCH, seccomp's number, the numbers refused)
     'x86_64': (0xC000003E, 317, {'memfd_create': 319, 'memfd_secret': 447, 'shmget': 29, 'shmat': 30,
-                                 'msgget': 68, 'semget': 64, 'socket': 41}),
+                                 'msgget': 68, 'semget': 64, 'socket': 41, **IO_URING}),
     'aarch64': (0xC00000B7, 277, {'memfd_create': 279, 'memfd_secret': 447, 'shmget': 194, 'shmat': 196,
-                                  'msgget': 186, 'semget': 190, 'socket': 198})}
+                                  'msgget': 186, 'semget': 190, 'socket': 198, **IO_URING})}
 X32 = 0x40000000   # x86_64's x32 calls: the same table with this bit set (none is needed here: all refused)
+SOCKETPAIR = {'x86_64': 53, 'aarch64': 199}   # allowed for SOCK_STREAM (1) alone: its type, args[1] & 0xf
 
 
-def refusing_filter(arch, refused):
+def refusing_filter(arch, refused, socketpair=None):
     """The classic BPF program (struct sock_filter's, 8 bytes each) that refuses the calls numbered `refused`
-    with EPERM, and every call made under another architecture than `arch` (a 64-bit process can make i386's
-    calls, whose numbers differ: int 0x80); the rest allowed."""
+    with EPERM, every call made under another architecture than `arch` (a 64-bit process can make i386's
+    calls, whose numbers differ: int 0x80), and the call numbered `socketpair` but for a pair of streams; the
+    rest allowed."""
     def op(code, k, jt=0, jf=0):
         return struct.pack('=HBBI', code, jt, jf, k)
-    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06                  # ld [k]; jeq #k; jge #k; ret #k (BPF_K)
+    LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06       # ld [k]; jeq #k; jge #k; and #k; ret #k (BPF_K)
     ALLOW, DENY = 0x7fff0000, 0x00050000 | EPERM                # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     n = len(refused)
     prog = [op(LD, 4), op(JEQ, arch, 1, 0), op(RET, DENY),     # seccomp_data.arch: another one refused
-            op(LD, 0), op(JGE, X32, n + 1, 0)]                  # seccomp_data.nr: x32's refused
-    prog += [op(JEQ, nr, n - i, 0) for i, nr in enumerate(sorted(refused))]
+            op(LD, 0), op(JGE, X32, n + 5, 0)]                  # seccomp_data.nr: x32's refused
+    prog += [op(JEQ, nr, n - i + 4, 0) for i, nr in enumerate(sorted(refused))]
+    prog += [op(JEQ, 0xffffffff if socketpair is None else socketpair, 0, 3),   # socketpair: its type (args[1], low
+             op(LD, 24), op(AND, 0xf), op(JEQ, 1, 0, 1)]                # word) without its flags a stream's
     return b''.join(prog + [op(RET, ALLOW), op(RET, DENY)])
 
 
 def no_sharing():
-    """Refuse this process, and every process it starts, memfd_create, memfd_secret, System V IPC and socket (EPERM).
-    OSError where it cannot (its strerror: why): a machine this table does not know, a kernel without seccomp,
+    """Refuse this process, and every process it starts, memfd_create, memfd_secret, System V IPC, socket, io_uring
+    and a socketpair of datagrams (EPERM). OSError where it cannot (its strerror: why): a machine this table does not know, a kernel without seccomp,
     or a container's filter that refuses seccomp itself."""
     import ctypes
     import platform
@@ -376,7 +395,7 @@ def no_sharing():
     if machine not in AUDIT_ARCHES:
         raise OSError(0, f"no system call numbers for {machine}")
     arch, seccomp, refused = AUDIT_ARCHES[machine]
-    prog = refusing_filter(arch, refused.values())
+    prog = refusing_filter(arch, refused.values(), SOCKETPAIR[machine])
     code = ctypes.create_string_buffer(prog, len(prog))
     fprog = ctypes.create_string_buffer(struct.pack('@HP', len(prog) // 8, ctypes.addressof(code)))
     libc_call('prctl', PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)   # (needed by an unprivileged process, and kept anyway)
@@ -460,7 +479,7 @@ def main():
         os.setuid(int(user))
     if limits.get('no_writes'):   # (before sys.path holds the tree: no student file can run first)
         try:
-            confine()
+            confine(limits.get('readable'))
         except OSError as e:
             print(f"course_worker: Landlock refused: {e}", file=sys.stderr, flush=True)
             sys.exit(EX_OSERR)

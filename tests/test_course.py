@@ -1122,7 +1122,7 @@ def test_the_uid_sandbox_holds_what_bubblewrap_holds(handouts, tmp_path, reachab
             said = second.communicate(timeout=900)[0]
             assert second.returncode == 0 and said.count('score: 6/6') == 4, said[-3000:]
             assert p.returncode == course.EXIT_NOT_GRADED, p.stdout[-3000:] + p.stderr[-3000:]
-            assert 'note:' not in p.stdout.split('\nassignment 5')[0]   # (nothing lost here: said only where it is)
+            assert notes_of(p.stdout.split('\nassignment 5')[0], sandbox) == []   # (nothing lost: said only where it is)
             rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
             marks[sandbox] = {name: rows[name].rstrip().split('\n')[-1] for name in honest}
             assert all(line == 'score: 6/6' for line in marks[sandbox].values()), (sandbox, rows)
@@ -1170,7 +1170,7 @@ def test_every_assignment_is_graded_alike_in_both_sandboxes(handouts, tmp_path, 
             p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', str(n), str(root), '--out',
                                 str(out), '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True,
                                timeout=900, env=dict(os.environ, TMPDIR=str(reachable)))
-            assert p.returncode == 1 and 'note:' not in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+            assert p.returncode == 1 and notes_of(p.stdout, sandbox) == [], p.stdout[-3000:] + p.stderr[-3000:]
             with open(out / f'gradebook_assignment{n}.csv', newline='') as f:
                 book = list(csv.DictReader(f))
             books[sandbox] = [{k: v for k, v in row.items() if k != 'seconds'} for row in book]
@@ -1233,7 +1233,7 @@ def test_without_landlock_the_uid_sandbox_says_what_it_loses(handouts, tmp_path,
                                 'grade', '5', str(root), '--out', str(out), '--jobs', jobs, '--sandbox', 'uid'],
                                capture_output=True, text=True, timeout=900, env=dict(os.environ, TMPDIR=str(temp)))
             assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
-            notes = [line for line in p.stdout.split('\n') if line.startswith('note: ')]
+            notes = notes_of(p.stdout, 'uid')
             assert notes == [f"note: {course_grader.what_is_lost('uid', 0, 'Function not implemented')}"], p.stdout[:3000]
             assert p.stdout.startswith(notes[0])   # (before any student's row)
             rows.update({f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')})
@@ -1248,6 +1248,21 @@ def test_without_landlock_the_uid_sandbox_says_what_it_loses(handouts, tmp_path,
         assert left_by(uid, [*course_grader.SHARED_FOLDERS, reachable]) == []   # and removed after its run
     finally:
         subprocess.run(['umount', '-l', str(disk)])
+
+
+# The end of the scripts below: each of `tries` made, said as its errno's name or 'ok', and `child` (code) run by a
+# process it starts, said as the name of the error that process ended with
+EACH_TRIED = r"""said = {}
+for what, attempt in tries.items():
+    try:
+        attempt()
+        said[what] = 'ok'
+    except OSError as e:
+        said[what] = errno.errorcode[e.errno]
+ended = subprocess.run([sys.executable, '-I', '-S', '-c', child], capture_output=True, text=True)
+said['a process it starts'] = ended.stderr.strip().split('\n')[-1].split(':')[0]
+print(json.dumps(said))
+"""
 
 
 # What a process can still do once course_worker.no_writes has run: each try's errno name, or 'ok'
@@ -1277,17 +1292,8 @@ tries = {
     'kept': lambda: kept.write('still') and kept.flush(), '/dev/null': lambda: open(os.devnull, 'w').write('x'),
     'udp': lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', port)),
 }
-said = {}
-for what, attempt in tries.items():
-    try:
-        attempt()
-        said[what] = 'ok'
-    except OSError as e:
-        said[what] = errno.errorcode[e.errno]
-child = subprocess.run([sys.executable, '-I', '-S', '-c', f'open({at("child")!r}, "x")'], capture_output=True, text=True)
-said['a process it starts'] = child.stderr.strip().split('\n')[-1].split(':')[0]
-print(json.dumps(said))
-"""
+child = f'open({at("child")!r}, "x")'
+""" + EACH_TRIED
 
 
 def test_the_worker_takes_every_write_from_itself(tmp_path):
@@ -1313,6 +1319,52 @@ def test_the_worker_takes_every_write_from_itself(tmp_path):
                     'abstract': 'EPERM' if abi >= 6 else 'ok', 'a process it starts': 'PermissionError'}, said
     assert sorted(os.listdir(tmp_path)) == ['folder', 'kept', 'old']
     assert (tmp_path / 'kept').read_text() == 'still' and (tmp_path / 'old').read_text() == 'old'
+
+
+# What a process can still read once course_worker.no_writes has run with folders it may read (the uid sandbox's:
+# the system's, Python's, its own): each try's errno name, or 'ok'; and a process it starts
+READS = r"""import errno, json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from course_kit import worker
+mine, other, shm = sys.argv[2], sys.argv[3], sys.argv[5]
+worker.no_writes(readable=[*json.loads(sys.argv[4]), mine])
+import email.mime.text   # (Python's own library, imported after: its folder is readable)
+tries = {'mine': lambda: open(os.path.join(mine, 'answer.py')).read(), 'list mine': lambda: os.listdir(mine),
+         'other': lambda: open(os.path.join(other, 'compare.py')).read(), 'list other': lambda: os.listdir(other),
+         'other, run': lambda: os.execv(os.path.join(other, 'tool'), ['tool']),
+         '/proc/self': lambda: open('/proc/self/status').read(), '/dev/null': lambda: open(os.devnull).read(),
+         '/dev/urandom': lambda: open('/dev/urandom', 'rb').read(8), "the machine's /dev/shm": lambda: open(shm).read()}
+child = f'open({os.path.join(other, "compare.py")!r}).read()'
+""" + EACH_TRIED
+
+
+def test_the_worker_reads_only_the_folders_it_is_given(tmp_path):
+    # course_worker.no_writes(readable=...) (Landlock, the uid sandbox's course_grader.uid_readable): beneath the
+    # folders it is given (its own, Python's) it reads, lists and imports, and it reads the devices it is given;
+    # elsewhere a file open to every user (a copy of the reference, another student's folder, a file in the
+    # machine's /dev/shm) is neither read, listed nor run, by it or by a process it starts
+    if not course_worker.landlock_abi():
+        pytest.skip("Landlock is not available on this kernel (test_without_landlock_the_uid_sandbox_says_what_it_loses)")
+    mine, other = tmp_path / 'mine', tmp_path / 'other'
+    for folder in (mine, other):
+        folder.mkdir()
+    (mine / 'answer.py').write_text('x = 1\n')
+    (other / 'compare.py').write_text('reference = True\n')
+    (other / 'tool').write_text('#!/bin/sh\necho ran\n')
+    os.chmod(other / 'tool', 0o755)
+    shm = f'/dev/shm/rd-attnres-test-{os.getpid()}'   # (a file another user left open to all in the machine's /dev/shm)
+    with open(shm, 'w') as f:
+        f.write('shared')
+    os.chmod(shm, 0o644)
+    try:
+        p = subprocess.run([sys.executable, '-I', '-S', '-c', READS, HERE, str(mine), str(other),
+                            json.dumps(course_grader.uid_readable()), shm], capture_output=True, text=True, timeout=60)
+    finally:
+        os.remove(shm)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout) == {'mine': 'ok', 'list mine': 'ok', 'other': 'EACCES', 'list other': 'EACCES',
+                                    'other, run': 'EACCES', '/proc/self': 'ok', '/dev/null': 'ok', '/dev/urandom': 'ok',
+                                    "the machine's /dev/shm": 'EACCES', 'a process it starts': 'PermissionError'}, p.stdout
 
 
 def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_path, monkeypatch):
@@ -1366,7 +1418,15 @@ tries = {'memfd_create': lambda: os.close(os.memfd_create('held')),
          'udp': lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close(),
          'unix': lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close(),
          'mmap': lambda: mmap.mmap(-1, 2 ** 20).write(b'x'), 'pipe': lambda: [os.close(fd) for fd in os.pipe()],
-         'socketpair': lambda: [s.close() for s in socket.socketpair()]}
+         'socketpair': lambda: [s.close() for s in socket.socketpair()], 'io_uring': lambda: io_uring(),
+         'socketpair of datagrams': lambda: [s.close() for s in socket.socketpair(type=socket.SOCK_DGRAM)]}
+
+def io_uring():   # a ring of one entry (io_uring_setup), whose requests could make and connect a socket
+    params = ctypes.create_string_buffer(120)
+    fd = libc.syscall(425, 1, params)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), 'refused')
+    os.close(fd)
 
 def said():
     out = {}
@@ -1389,35 +1449,40 @@ def test_the_worker_refuses_memory_it_does_not_count_system_v_ipc_and_sockets():
     # course_worker.no_sharing (seccomp, before any student code runs): memfd_create (memory the address-space
     # limit does not count), System V shared memory, message queues and semaphores (shared between two students
     # graded at once in the uid sandbox) and sockets of every family (UDP, which Landlock does not restrict, and
-    # Unix sockets, which reach the file system's) fail with EPERM, in a process it starts too; each worked before
-    # it, and what honest code needs (anonymous memory, a pipe) still works, and so does a socketpair (it reaches
-    # nothing outside)
+    # Unix sockets, which reach the file system's) and io_uring (whose requests make sockets without the call) fail
+    # with EPERM, in a process it starts too; each worked before
+    # it, and what honest code needs (anonymous memory, a pipe) still works, and so does a socketpair of streams (it
+    # reaches nothing outside); one of datagrams, which can send to a socket of the file system by its path, not
     p = subprocess.run([sys.executable, '-I', '-S', '-c', SHARED, HERE], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-3000:]
     before, after, child = json.loads(p.stdout)
-    assert set(before.values()) == {'ok'}, before
+    # (io_uring alone may be refused before: a kernel that disables it, a container's seccomp profile, as Docker's)
+    assert set({**before, 'io_uring': 'ok'}.values()) == {'ok'} and before['io_uring'] in ('ok', 'EPERM'), before
     assert after == {'memfd_create': 'EPERM', 'shmget': 'EPERM', 'msgget': 'EPERM', 'semget': 'EPERM',
-                     'udp': 'EPERM', 'unix': 'EPERM', 'mmap': 'ok', 'pipe': 'ok', 'socketpair': 'ok'}, after
+                     'udp': 'EPERM', 'unix': 'EPERM', 'io_uring': 'EPERM', 'mmap': 'ok', 'pipe': 'ok',
+                     'socketpair': 'ok', 'socketpair of datagrams': 'EPERM'}, after
     assert child == 'PermissionError: [Errno 1] Operation not permitted', child
 
 
 def test_the_filter_refuses_another_architectures_calls():
     # the filter checks seccomp_data.arch first: a call made under another architecture (i386's int 0x80 from a
     # 64-bit process, whose numbers differ) is refused whatever its number, and x86_64's x32 calls too; the calls
-    # it names are refused, others allowed. Run in a classic BPF interpreter of this test's own, on the program
-    # as packed (each instruction: code, jt, jf, k)
+    # it names are refused, others allowed; socketpair only for a pair of streams (its type's flags aside). Run in
+    # a classic BPF interpreter of this test's own, on the program as packed (each instruction: code, jt, jf, k)
     import struct
     arch, _, refused = course_worker.AUDIT_ARCHES['x86_64']
-    prog = course_worker.refusing_filter(arch, refused.values())
+    prog = course_worker.refusing_filter(arch, refused.values(), course_worker.SOCKETPAIR['x86_64'])
     ops = [struct.unpack('=HBBI', prog[i:i + 8]) for i in range(0, len(prog), 8)]
 
-    def run(nr, call_arch):
-        data, pc, a = struct.pack('=iI', nr, call_arch), 0, 0
+    def run(nr, call_arch, *args):
+        data, pc, a = struct.pack('=iIQ6Q', nr, call_arch, 0, *args, *[0] * (6 - len(args))), 0, 0
         while True:
             code, jt, jf, k = ops[pc]
             pc += 1
             if code == 0x20:
                 a = struct.unpack('=I', data[k:k + 4])[0]
+            elif code == 0x54:
+                a &= k
             elif code in (0x15, 0x35):
                 pc += jt if (a == k if code == 0x15 else a >= k) else jf
             elif code == 0x06:
@@ -1426,11 +1491,23 @@ def test_the_filter_refuses_another_architectures_calls():
                 raise AssertionError(f'unknown instruction {code:#x}')
     for name, nr in refused.items():
         assert run(nr, arch) == 'EPERM', name
-    for nr in (0, 1, 9, 53, 56, 57, 59, 231, 444):   # read, write, mmap, socketpair, clone, fork, execve, exit_group,
-        # landlock
+    for nr in (0, 1, 9, 56, 57, 59, 231, 444):   # read, write, mmap, clone, fork, execve, exit_group, landlock
         assert run(nr, arch) == 'allow', nr
+    AF_UNIX, SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET, SOCK_CLOEXEC = 1, 1, 2, 5, 0x80000
+    assert run(53, arch, AF_UNIX, SOCK_STREAM) == run(53, arch, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC) == 'allow'
+    assert run(53, arch, AF_UNIX, SOCK_DGRAM) == run(53, arch, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC) == 'EPERM'
     assert run(356, 0x40000003) == run(3, 0x40000003) == 'EPERM'   # i386: memfd_create, and read itself
     assert run(course_worker.X32 | 319, arch) == run(course_worker.X32 | 0, arch) == 'EPERM'
+
+
+def notes_of(stdout, sandbox):
+    """The note lines a grading printed, less the memory cgroup's clause (course_grader.memory_lost: said where no
+    cgroup can be made, as on a machine where the tests do not run as root), which the tests of a cgroup check."""
+    clause = course_grader.memory_lost(sandbox)
+    lines = [line for line in stdout.split('\n') if line.startswith('note: ')]
+    if clause:
+        lines = [line.replace(f'; and {clause}', '').replace(f'note: {clause}', 'note: ') for line in lines]
+    return [line for line in lines if line != 'note: ']
 
 
 def skip_unless_it_runs(sandbox):
@@ -1468,7 +1545,7 @@ def test_a_student_who_holds_memory_or_ipc_is_told_and_the_class_is_unchanged(ha
     p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(root), '--out', str(out),
                         '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, TMPDIR=str(reachable)))
-    assert 'note:' not in p.stdout.split('\nassignment 5')[0], p.stdout[:3000]
+    assert notes_of(p.stdout.split('\nassignment 5')[0], sandbox) == [], p.stdout[:3000]
     rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
     for name in ('good', 'zz_victim'):
         assert rows.get(name, '').rstrip().endswith('score: 6/6'), (p.stdout[-3000:], p.stderr[-3000:])
@@ -1562,7 +1639,7 @@ def test_no_student_reaches_the_machine_by_udp_unix_sockets_or_proc(handouts, tm
         udp.close()
         unix.close()
         os.remove(path)
-    notes = [line for line in p.stdout.split('\n') if line.startswith('note: ')]
+    notes = notes_of(p.stdout, sandbox.split()[0])
     if sandbox == 'uid without namespaces':
         said = course_grader.what_is_lost('uid', course_worker.landlock_abi(), '', '', 'Operation not permitted')
         assert notes == [f'note: {said}'] and p.stdout.startswith(notes[0]), p.stdout[:3000]
@@ -1616,10 +1693,141 @@ def test_where_a_mechanism_is_missing_the_grader_says_what_each_sandbox_loses(mo
     monkeypatch.setattr(course_grader, 'worker_probe',
                         lambda sandbox: (0, 'Function not implemented', 'Invalid argument', 'Operation not permitted'))
     monkeypatch.setattr(course_grader, 'closed_to_others', lambda path: None)
+    monkeypatch.setattr(course_grader, 'memory_cgroups', lambda: (('/sys/fs/cgroup/x', 'memory.max', 'memory.events'), ''))
     assert course_grader.check_sandbox('uid') == everything
     assert course_grader.check_sandbox('none') is None
     monkeypatch.setattr(course_grader, 'worker_probe', lambda sandbox: (7, '', '', ''))
     assert course_grader.check_sandbox('uid') is None and course_grader.check_sandbox('none') is None
+    # no memory cgroup (not root, or no controller to make one in): said, after the rest, never for trusted code
+    monkeypatch.setattr(course_grader, 'memory_cgroups', lambda: (None, 'only root can make them'))
+    assert course_grader.check_sandbox('uid') == ("--sandbox uid: a memory cgroup cannot be made here (only root can "
+                                                  "make them): a submission can hold 4 GB in each of 64 processes "
+                                                  "(COURSE.md, \"The sandbox\")")
+    assert course_grader.check_sandbox('none') is None
+
+
+def stealer(read):
+    """Assignment 5's two regions that run the instructor's compare.py, its source got by `read` (an expression):
+    full marks where the source can be read, else the error of the read."""
+    load = [f'    source = {read}', "    stolen = {'__name__': 'stolen'}", '    exec(compile(source, "stolen", "exec"), stolen)']
+    return {'compare.py': [load + ['    p = stolen["sign_test_p"](wins, n)'], load + ['    return stolen["paired_stats"](deltas)']]}
+
+
+@pytest.mark.slow
+def test_the_uid_sandbox_reads_no_file_outside_the_system_python_and_its_own(handouts, tmp_path, reachable):
+    # graded from a kit only root can read, as root under --sandbox uid (Landlock: no read outside the system's
+    # folders, Python's and its own): a student who runs the reference from a copy of the project that every user
+    # can read, one who reads it from a git repository every user can read (git show), and one graded alone who
+    # runs the compare.py of a neighbour every user can read: each earns 0, its feedback naming the refused read,
+    # while the honest keep full marks; the neighbour is not touched
+    import shutil
+    if os.geteuid() != 0:
+        pytest.skip('the uid sandbox runs as root')
+    assert course_worker.landlock_abi(), "Landlock is not available here: test_without_landlock_the_uid_sandbox_says_what_it_loses holds then"
+    copy, repo = reachable / 'copy', reachable / 'repo'
+    for folder in (copy, repo):
+        folder.mkdir()
+        shutil.copyfile(os.path.join(HERE, 'compare.py'), folder / 'compare.py')
+    git = dict(os.environ, GIT_AUTHOR_NAME='i', GIT_AUTHOR_EMAIL='i@x', GIT_COMMITTER_NAME='i', GIT_COMMITTER_EMAIL='i@x')
+    for cmd in (['init', '-q'], ['add', 'compare.py'], ['commit', '-qm', 'reference']):
+        subprocess.run(['git', *cmd], cwd=repo, check=True, env=git)
+    os.remove(repo / 'compare.py')   # (only its history holds it)
+    subprocess.run(['chmod', '-R', 'a+rX', str(copy), str(repo)], check=True)
+    students = {'good': [], 'from_a_copy': stealer(f"open({str(copy / 'compare.py')!r}).read()"),
+                'from_git': stealer("__import__('subprocess').run(['git', '-c', 'safe.directory=*', '-C', "
+                                    f"{str(repo)!r}, 'show', 'HEAD:compare.py'], capture_output=True, "
+                                    "check=True).stdout.decode()")}
+    root = make_class(handouts, reachable / 'class', 5, students)
+    beside = make_class(handouts, reachable / 'beside', 5, {'neighbour': [], 'alone': stealer(
+        f"open({str(reachable / 'beside' / 'class5' / 'neighbour' / 'compare.py')!r}).read()")})
+    subprocess.run(['chmod', '-R', 'a+rX', str(beside)], check=True)
+    os.chmod(root, 0o700)   # (the class closed to other users, as grading a class asks; the neighbour's folder open)
+    neighbours = (beside / 'neighbour' / 'compare.py').read_text()
+    kit = kit_copy(str(private_folder(tmp_path)))
+    total = sum(c.marks for c in concepts_of(5))
+    rows = {}
+    for folder, out in ((root, tmp_path / 'out'), (beside / 'alone', tmp_path / 'out_alone')):
+        p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '5', str(folder), '--out', str(out),
+                            '--jobs', '2', '--sandbox', 'uid'], capture_output=True, text=True, timeout=900,
+                           env=dict(os.environ, TMPDIR=str(reachable)))
+        assert p.returncode == 1 and 'Traceback' not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+        rows.update({f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')})
+    assert rows['good'].rstrip().endswith(f'score: {total}/{total}'), rows['good']
+    for name in ('from_a_copy', 'from_git', 'alone'):
+        assert rows[name].rstrip().endswith(f'score: 0/{total}'), (name, rows[name])
+    assert 'PermissionError' in rows['from_a_copy'] and 'PermissionError' in rows['alone'], rows
+    assert 'CalledProcessError' in rows['from_git'], rows['from_git']   # (git itself refused the repository)
+    assert (beside / 'neighbour' / 'compare.py').read_text() == neighbours
+
+
+# A submission's processes together, each under the address-space limit: `children` forked children each touch
+# `mb` MB, then the parent waits and says how each ended (0: it held its memory; 9: the kernel killed it)
+HOG = """    import os, time
+    kids = []
+    for i in range({children}):
+        pid = os.fork()
+        if pid == 0:
+            held = bytearray({mb} * 2 ** 20)
+            for j in range(0, len(held), 4096):
+                held[j] = 1
+            time.sleep(1)
+            os._exit(0)
+        kids.append(pid)
+    ended = [os.waitpid(pid, 0)[1] for pid in kids]
+    raise RuntimeError(f"the children's ends: {{ended}}")"""   # (0 held, 9 killed)
+
+
+def test_a_runs_memory_cgroup_bounds_all_its_processes_together():
+    # where a memory cgroup can be made (root, cgroup v1 or v2 with a memory controller to make one in), a run's
+    # processes together hold at most its limit: three children of 400 MB under a limit of 512 MB, each far under
+    # the address-space limit, are not all let through; the kernel's kill is seen, and the cgroup goes with the run
+    if not course_grader.memory_cgroups()[0]:
+        pytest.skip(f"no memory cgroup can be made here ({course_grader.memory_cgroups()[1]}): grading says so "
+                    "(test_where_a_mechanism_is_missing_the_grader_says_what_each_sandbox_loses)")
+    cgroup = course_grader.MemoryCgroup(512 * 2 ** 20)
+    try:
+        code = 'def hog():\n' + HOG.format(children=3, mb=400) + '\nhog()\n'
+        p = subprocess.run(cgroup.wrap([sys.executable, '-I', '-S', '-c', code]), capture_output=True, text=True,
+                           timeout=120)
+        assert re.search(r"the children's ends: \[[0-9, ]*\b9\b", p.stderr) and cgroup.out_of_memory(), p.stderr[-2000:]
+    finally:
+        cgroup.remove()
+    assert not os.path.exists(cgroup.path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sandbox', ['bubblewrap', 'uid'])
+def test_a_student_whose_processes_hold_more_than_the_memory_limit_together_is_stopped(handouts, tmp_path, reachable,
+                                                                                          sandbox):
+    # graded (--jobs 2, from a kit only root can read) beside honest students: a submission that forks three
+    # children of 1.6 GB each (each under the 4 GB address-space limit, 4.8 GB together) is stopped by its memory
+    # cgroup: a child is killed, or the worker with it (the feedback says its processes held more than 4 GB); the
+    # honest keep every mark
+    skip_unless_it_runs(sandbox)
+    if not course_grader.memory_cgroups()[0]:
+        pytest.skip(f"no memory cgroup can be made here ({course_grader.memory_cgroups()[1]}): grading says so")
+    students = {'good': [], 'hog': {'compare.py': [['    p = 1.0'], [HOG.format(children=3, mb=1600)]]}, 'also_good': []}
+    p, rows = graded_class(handouts, tmp_path, reachable, 5, students, sandbox)
+    assert notes_of(p.stdout, sandbox) == [] and 'memory cgroup' not in p.stdout, p.stdout[:2000]   # (one is made here)
+    total = sum(c.marks for c in concepts_of(5))
+    for name in ('good', 'also_good'):
+        assert rows[name].rstrip().endswith(f'score: {total}/{total}'), (name, rows[name])
+    hog = rows['hog']
+    assert hog.rstrip().endswith(f'score: 0/{total}') and "the children's ends: [0, 0, 0]" not in hog, hog
+    assert re.search(r"the children's ends: \[[0-9, ]*\b9\b", hog) or \
+        'its processes together held more than 4 GB of memory' in hog, hog
+
+
+def graded_class(handouts, tmp_path, reachable, n, students, sandbox):
+    """A class of handout n (make_class's students) graded with --jobs 2 in `sandbox`, as root from a kit only root
+    can read: (the finished process, {student: feedback}), once it ended with a 0 to someone and no traceback."""
+    root, out = make_class(handouts, tmp_path / 'class', n, students), tmp_path / 'out'
+    kit = kit_copy(str(private_folder(tmp_path)))
+    p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', str(n), str(root), '--out', str(out),
+                        '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, TMPDIR=str(reachable)))
+    assert p.returncode == 1 and 'Traceback' not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
+    return p, {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
 
 
 def private_folder(tmp_path):
@@ -1998,6 +2206,56 @@ def test_student_text_is_shown_inert_on_a_terminal_and_in_a_spreadsheet():
     assert course_grader.shown_name('Victim', lookalikes=True) == 'Victim'
 
 
+def test_names_that_print_alike_are_flagged_beyond_the_table(tmp_path):
+    # a look-alike letter the table does not list (the dotless i, Armenian oh) in a name otherwise another's: both
+    # flagged, each shown with its non-ASCII letter escaped and files of its own; two names of another script of
+    # one length (two Chinese names) and an honest accented name beside a plain other are not taken as alike
+    alike = [('victim', 'v\u0131ctim'), ('bob', 'b\u0585b'), ('alice', 'ali\u034fce'), ('maria', 'mar\u115fia'),
+             ('mila', 'mi\u0307la')]   # (a joiner, a Hangul filler: nothing printed; a combining dot in an NFC name)
+    apart = [('\u674e\u660e', '\u738b\u660e'), ('Ren\u00e9', 'Mark'), ('ann', '\u738b\u5c0f\u660e'),
+             ('li', '\u674e\u5a1c')]
+    for name in [n for pair in alike + apart for n in pair]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'compare.py').write_text('')
+    subs, _ = course.submissions_in(5, str(tmp_path), 'class')
+    notes = {os.path.basename(path): note for _, path, _, note, _ in subs}
+    for a, b in alike:
+        assert f"prints like another student's name: {course_grader.shown_name(b, lookalikes=True)}" in notes[a], notes
+        assert "prints like another student's name" in notes[b], notes
+    for a, b in apart:
+        assert 'prints like' not in notes[a] + notes[b], notes
+    shown = {os.path.basename(path): name for name, path, _, _, _ in subs}
+    for name in (b for _, b in alike):   # (each printed with what tells it apart escaped)
+        assert shown[name] == course_grader.shown(name).encode('ascii', 'backslashreplace').decode(), shown
+    assert 'print as nothing' in notes['ali\u034fce'] and 'combining marks' in notes['mi\u0307la'], notes
+    assert shown['\u738b\u5c0f\u660e'] == '\u738b\u5c0f\u660e', shown   # (another script, not escaped)
+    files = course.file_names([sub[0] for sub in subs], [sub[4] for sub in subs])
+    assert len({f.casefold() for f in files}) == len(files) and 'victim' not in files and 'bob' not in files, files
+
+
+def test_the_secret_files_include_their_bytecode_and_the_repositorys_history(tmp_path):
+    # what --sandbox uid checks closed before grading (course.secret_files): a file that holds the reference, its
+    # bytecode in __pycache__ (the same code), and every file of the repository's .git (git show HEAD:compare.py),
+    # also where .git is a worktree's or a submodule's pointer to a folder elsewhere, with its common folder
+    import shutil
+    kit, other = tmp_path / 'kit', tmp_path / 'other'
+    for root in (kit, other):
+        (root / '__pycache__').mkdir(parents=True)
+        shutil.copyfile(os.path.join(HERE, 'compare.py'), root / 'compare.py')
+    (kit / '__pycache__' / 'compare.cpython-311.pyc').write_bytes(b'')
+    (kit / '__pycache__' / 'prepare.cpython-311.pyc').write_bytes(b'')   # (not a secret file's)
+    (kit / '.git' / 'objects' / 'pack').mkdir(parents=True)
+    (kit / '.git' / 'objects' / 'pack' / 'pack-1.pack').write_bytes(b'')
+    (kit / '.git' / 'worktrees' / 'w').mkdir(parents=True)
+    (kit / '.git' / 'worktrees' / 'w' / 'commondir').write_text('../..\n')
+    (other / '.git').write_text(f"gitdir: {kit / '.git' / 'worktrees' / 'w'}\n")
+    secrets = course.secret_files(str(kit))
+    assert str(kit / 'compare.py') in secrets and str(kit / '__pycache__' / 'compare.cpython-311.pyc') in secrets
+    assert str(kit / '__pycache__' / 'prepare.cpython-311.pyc') not in secrets
+    assert str(kit / '.git' / 'objects' / 'pack' / 'pack-1.pack') in secrets, secrets
+    assert str(kit / '.git' / 'objects' / 'pack' / 'pack-1.pack') in course.secret_files(str(other))
+
+
 def test_a_message_is_whole_or_cut_at_a_word():
     stub = course.not_written(5)
     assert max(len(course.not_written(k)) for k in course.ASSIGNMENTS) > 300   # (once cut at 160 characters mid-sentence)
@@ -2030,6 +2288,29 @@ def test_answers_of_the_wrong_kind_are_said_in_words():
     assert 'sd should be a number' in stats(({}, {'stats': {'sd': True, 'ci95': [0, 1]}}), want)
     assert 'ci95 should be a pair of numbers' in stats(({}, {'stats': {'sd': 1.0, 'ci95': 0.0}}), want)
     assert stats(({}, {'stats': {'sd': 1.0, 'ci95': [0, 1]}}), want) is None
+    # the hook's record of the reads, forged by the code (it runs in the worker's process): a list where a sublayer
+    # or a count should be, a string count, a bool: said as unreadable, never an error of the grader's
+    ref = ({'logits': torch.ones(2)}, {'S': 1, 'L': 2, 'calls': [[0, 1, True], [1, 2, True], [2, 3, True]],
+                                       'reads': [[0, 'qk', 1], [1, 'mlp', 2], [2, 'final', 3]], 'sublayer_of': {'q': 1}})
+    for forged in ([[[0], 1, True]], [[0, '1', True]], [[0, 1.5, True]], [[True, 1, True]], [[0, 1, 1]], 'calls'):
+        got = ({'logits': torch.zeros(2)}, {'calls': forged, 'grads': {'q': 'nonzero'}})
+        assert course_grader.increments(got, ref).endswith('the record of the reads that ran could not be read')
+        assert course_grader.pseudo_queries_learn(got, ref) == 'the gradients could not be read'
+    for forged in ([[0, 'qk', [1]]], [[0, 'qk', '1']], [[[0], 'qk', 1]], [[0, 7, 1]]):
+        assert course_grader.reads_recorded(({}, {'reads': forged}), ref) == 'the recorded reads could not be read'
+
+
+def test_the_order_on_any_number_of_processes_is_an_order_of_the_datas_windows():
+    # a step's windows that every rank agrees on and that change from step to step, but are no windows of the
+    # data (the step's positions themselves, past n_windows): not the concept; the same positions modulo
+    # n_windows (a sequential order, rank-independent) are, and their order is the exact order's concept
+    anywhere = course_grader.same_anywhere(100)
+    ref = ({}, {'alone': list(range(8))})
+    past = list(range(96, 104))
+    assert anywhere(({}, {'windows': past, 'alone': past, 'next': list(range(104, 112))}), ref) == \
+        "a step's windows should be indices of the data's 100 windows (0 to 99)"
+    inside = [i % 100 for i in past]
+    assert anywhere(({}, {'windows': inside, 'alone': inside, 'next': list(range(4, 12))}), ref) is None
 
 
 def test_a_nan_answer_is_told_its_value_is_nan():
@@ -2041,16 +2322,25 @@ def test_a_nan_answer_is_told_its_value_is_nan():
     assert 'h is NaN at 1 of 6 entries' in said and 'bf16' not in said, said
     # the read under autocast (as_specified): a NaN read is NaN, not "computed in bf16"
     n, r = 4, 2
+    inputs = {**course_grader.sources(1, n, dtype=torch.float32), 'w': torch.randn(r, 8)}
     alpha = torch.full((r, 2, 3, n), 1 / n)
     alpha[1] = torch.softmax(torch.arange(n, dtype=torch.float32), -1)
-    h = torch.randn(r, 2, 3, 8)
+    mixed = torch.einsum('btdn,rbtn->rbtd', torch.stack([inputs[f'x{i}'] for i in range(n)], -1).double(), alpha.double())
+    h = mixed.clone()
     h[0, 0, 0, 0] = float('nan')
-    answer = {'h': h, 'alpha': alpha, 'h64': h.double(), 'alpha64': alpha.double()}
-    said = course_grader.as_specified((answer, {}), ({'h': h, 'alpha': alpha}, {}))
+    answer = {'h': h.float(), 'alpha': alpha, 'h64': h, 'alpha64': alpha.double()}
+    as_specified = course_grader.as_specified(inputs)
+    said = as_specified((answer, {}), ({'h': h, 'alpha': alpha}, {}))
     assert said.startswith('h under bf16 autocast is NaN at 1 of') and 'turn autocast off' not in said, said
-    answer['h'] = answer['h64'].nan_to_num().float()
-    answer['h64'] = answer['h'].double()
-    assert course_grader.as_specified((answer, {}), ({'h': h, 'alpha': alpha}, {})) is None
+    answer = {**answer, 'h': mixed.float(), 'h64': mixed}
+    assert as_specified((answer, {}), ({'h': h, 'alpha': alpha}, {})) is None
+    # float64 sources read to float32 (a .float() too many): said in words, not the grader's error
+    assert as_specified(({**answer, 'h64': mixed.float()}, {}), ({'h': h, 'alpha': alpha}, {})) == \
+        "h of float64 sources is float32, not float64: outside autocast the read keeps its sources' dtype"
+    # a read that mixes nothing (h zero) with a plausible alpha: not a read, whatever its dtype
+    zero = {**answer, 'h': torch.zeros_like(answer['h']), 'h64': torch.zeros_like(answer['h64'])}
+    assert as_specified((zero, {}), ({'h': h, 'alpha': alpha}, {})) == \
+        "h is not the sources mixed by alpha (h = sum_s alpha_s b_s, the raw sources)"
 
 
 def test_a_result_line_is_parsed_as_data():
@@ -2059,6 +2349,10 @@ def test_a_result_line_is_parsed_as_data():
         'your compare.py, line 12: [from the submission: mean = = 0]'
     assert course.their_line('model.py, line 7: x', lines_of) == 'model.py, line 7 (called from your code)'
     assert course.their_line('\x1b[2J forged\nscore: 6/6', lines_of) == '[from the submission: \\x1b[2J forged\\nscore: 6/6]'
+    # a line the worker reports outside the student's files: its file name is the code's to make up (a SyntaxError's)
+    fake = '\x1b[1A\x1b[2K\x1b[3GPASS\x1b[1C2\u22152\x1b[8m.py, line 1: x'
+    said = course.their_line(fake, {})
+    assert '\x1b' not in said and said.startswith('\\x1b[1A') and said.endswith(', line 1 (called from your code)'), said
     assert course_grader.last_line('a\n\n  b  \n') == 'b' and course_grader.last_line('') == ''
 
 
@@ -2291,6 +2585,37 @@ def test_a_zip_is_read_as_data_and_only_its_files_of_the_assignment_written(tmp_
     many[-12:-10] = (course.ZIP_ENTRIES + 1).to_bytes(2, 'little')
     (tmp_path / 'many.zip').write_bytes(bytes(many))
     assert f'more than {course.ZIP_ENTRIES:,} entries' in course.unpacked(5, str(tmp_path / 'many.zip'), str(tmp_path))
+    # an end record that says 1 entry over a directory of 100,000 (4.7 MB): refused from the record, before zipfile
+    # reads the directory into memory (1.8 million entries took it 17 s and 0.9 GB)
+    import struct
+    import zipfile
+    directory = b''.join(struct.pack('<IHHHHHHIIIHHHHHII', 0x02014b50, 20, 20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
+                         + b'a' for _ in range(100_000))
+    end = struct.pack('<IHHHHIIH', 0x06054b50, 0, 0, 1, 1, len(directory), 0, 0)
+    (tmp_path / 'lying.zip').write_bytes(directory + end)
+
+    def never(*args, **kwargs):
+        raise AssertionError('the directory was read')
+    original, zipfile.ZipFile = zipfile.ZipFile, never
+    try:
+        said = course.unpacked(5, str(tmp_path / 'lying.zip'), str(tmp_path))
+    finally:
+        zipfile.ZipFile = original
+    assert f'or a directory of more than {course.ZIP_DIRECTORY:,} bytes' in said, said
+    # the same directory behind a zip64 record (which zipfile reads instead) and an end record that says 1 entry of
+    # 22 bytes: refused from the zip64 record, unread
+    record = struct.pack('<IQHHIIQQQQ', 0x06064b50, 44, 45, 45, 0, 0, 100_000, 100_000, len(directory), 0)
+    locator = struct.pack('<IIQI', 0x07064b50, 0, len(directory), 1)
+    (tmp_path / 'lying64.zip').write_bytes(directory + record + locator
+                                           + struct.pack('<IHHHHIIH', 0x06054b50, 0, 0, 1, 1, 22, 0, 0))
+    assert len(original(tmp_path / 'lying64.zip').infolist()) == 100_000 and course.zip_directory(tmp_path / 'lying64.zip') == \
+        (100_000, len(directory))   # (zipfile itself reads the 100,000 entries)
+    zipfile.ZipFile = never
+    try:
+        said = course.unpacked(5, str(tmp_path / 'lying64.zip'), str(tmp_path))
+    finally:
+        zipfile.ZipFile = original
+    assert f'or a directory of more than {course.ZIP_DIRECTORY:,} bytes' in said, said
 
 
 def opened_watch(paths):
@@ -2431,14 +2756,7 @@ def test_a_student_who_lies_through_torch_earns_what_the_values_earn(handouts, t
     right = [mine[first + 1:last] for a, first, last in course.regions('\n'.join(mine)) if a == 1][0]
     students = {'good': [], 'unsolved': None, **{name: {'model.py': [body]} for name, body in TORCH_LIARS.items()},
                 'lying_right': {'model.py': [LIAR + right + ['    h, alpha = h.as_subclass(Liar), alpha.as_subclass(Liar)']]}}
-    root = make_class(handouts, tmp_path / 'class', 1, students)
-    out = tmp_path / 'out'
-    kit = kit_copy(str(private_folder(tmp_path)))
-    p = subprocess.run([sys.executable, os.path.join(kit, 'course.py'), 'grade', '1', str(root), '--out', str(out),
-                        '--jobs', '2', '--sandbox', sandbox], capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, TMPDIR=str(reachable)))
-    assert p.returncode == 1 and 'Traceback' not in p.stdout + p.stderr, p.stdout[-3000:] + p.stderr[-3000:]
-    rows = {f.name[:-len('.txt')]: f.read_text() for f in out.iterdir() if f.name.endswith('.txt')}
+    _, rows = graded_class(handouts, tmp_path, reachable, 1, students, sandbox)
     total = sum(c.marks for c in concepts_of(1))
     for name in ('good', 'lying_right'):
         assert rows[name].rstrip().endswith(f'score: {total}/{total}'), (name, rows[name])
