@@ -224,6 +224,7 @@ def test_different_budgets_are_different_groups(tmp_path):
         compare.main([os.path.join(root, '*')])
 
 
+@pytest.mark.slow
 def test_plots_are_written(study, tmp_path):
     # the temporary files of writes killed before their rename (0 bytes, as a kill -9 leaves them) are removed
     out = str(tmp_path / 'plots')
@@ -239,6 +240,7 @@ def test_plots_are_written(study, tmp_path):
     assert m[0][0] == 1.0 and math.isnan(m[0][1]) and m[1] == [0.7, 0.3]
 
 
+@pytest.mark.slow
 def test_a_second_plotter_keeps_the_first_ones_temporary_files(study, tmp_path):
     # while another process holds the plots folder (plotting there), a report removes none of its files
     import fcntl

@@ -132,6 +132,7 @@ def test_more_sources_than_the_kernels_take_fall_back_with_a_warning(monkeypatch
     assert (h - fused_read.torch_forward(xs, w)[0]).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_the_kernels_tests_pass_under_the_interpreter():
     # the kernels (Triton's interpreter, on the CPU) against the plain read and the op's PyTorch math; Triton is in
     # requirements.txt, so this runs on every machine with the project's packages

@@ -191,6 +191,7 @@ def results_with(checks, tiny=False):
     return dict(machine=dict(FACTS, date='2026-12-04'), tiny=tiny, budget_min=10, preflight=[], checks=checks)
 
 
+@pytest.mark.slow
 def test_a_compiles_seconds_and_recompiles_are_torchs_own_counts():
     # in a fresh process (torch's counters are per process): a function compiled, then called under no_grad (the
     # eval graph's recompile), then with another shape marked static: each guard failure one recompile

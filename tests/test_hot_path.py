@@ -48,6 +48,7 @@ def count_syncs(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_training_steps_read_nothing_back_between_log_steps(data_dir, tmp_path, monkeypatch):
     calls = count_syncs(monkeypatch)
     common_args = ['--log_interval=4', '--eval_interval=100', '--lr_decay_iters=8', '--log_routing=False']
@@ -114,6 +115,7 @@ def test_padding_the_last_batch_scores_the_same_tokens(data_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # 4. float16: an overflow is a skipped step, not the end of the run
 
+@pytest.mark.slow
 def test_fp16_overflows_are_skipped_steps(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     # 2^24: scaled gradients overflow fp16 at first; the scaler halves the scale until they fit
@@ -126,6 +128,7 @@ def test_fp16_overflows_are_skipped_steps(data_dir, tmp_path):
     assert os.path.exists(os.path.join(out, 'ckpt.pt'))
 
 
+@pytest.mark.slow
 def test_fp16_stops_after_too_many_skipped_steps_in_a_row(data_dir, tmp_path, monkeypatch):
     # (5 in a row instead of 20: float16 matmuls are emulated on a CPU, a quarter of the steps, the same rule)
     monkeypatch.setattr(run_control, 'MAX_SKIPPED_STEPS', 5)

@@ -173,6 +173,7 @@ def test_the_readmes_links_lead_to_files_and_its_test_command_is_the_one_ci_runs
     assert 'sudo apt-get install -y bubblewrap && python -m pip install -r requirements.txt' in tests
 
 
+@pytest.mark.slow
 def test_the_readmes_comparison_after_the_quickstart_runs_as_written(data_dir, tmp_path, monkeypatch):
     """README "The comparison", at a tiny size: the quickstart's run and its parent trained as written, then
     compare.py on the two finds the pair and writes the plot it names."""
@@ -195,6 +196,7 @@ def test_the_readmes_comparison_after_the_quickstart_runs_as_written(data_dir, t
     assert len(curves) == 1 and os.path.getsize(curves[0]) > 1000 and f"wrote {curves[0]}" in p.stdout
 
 
+@pytest.mark.slow
 def test_compare_names_the_pair_for_two_modes_that_are_not_parent_and_child(data_dir, tmp_path):
     rd, standard, attnres = (str(tmp_path / name) for name in ('quickstart', 'standard', 'attnres'))
     run_here([], data_dir, rd)

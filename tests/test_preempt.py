@@ -75,6 +75,7 @@ def test_a_finished_torchrun_run_leaves_no_gloo_thread_to_the_interpreters_shutd
 # ---------------------------------------------------------------------------------------------
 # 2. init_from='auto'
 
+@pytest.mark.slow
 def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     args = ['--init_from=auto', '--lr_decay_iters=4']
@@ -94,6 +95,7 @@ def test_auto_starts_resumes_finishes_and_refuses(data_dir, tmp_path):
     assert before == {name: open(os.path.join(out, name), 'rb').read() for name in run_files.RUN_FILES}
 
 
+@pytest.mark.slow
 def test_auto_restarts_a_run_killed_before_its_first_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run_here(['--max_iters=4'], data_dir, out)

@@ -162,6 +162,7 @@ def test_two_arms_of_one_seed_are_paired(data_dir, tmp_path):
     assert read_log(other)[0][2]['data_digest'] != logs['attnres'][0][2]['data_digest']
 
 
+@pytest.mark.slow
 def test_arms_whose_windows_differ_at_a_step_no_row_logs_are_not_paired(data_dir, tmp_path, monkeypatch):
     # log_interval = eval_interval = 10: rows at steps 0 and 10 only. The rd_attnres arm trains step 3 on other
     # windows (another code's order): step 10's fingerprint (of step 9) agrees, and only the digest tells
@@ -205,6 +206,7 @@ def test_ddp_on_two_processes_equals_one_process_with_accumulation(data_dir, tmp
 # ---------------------------------------------------------------------------------------------
 # Exact resume and safety
 
+@pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(data_dir, tmp_path):
     full, half = str(tmp_path / 'full'), str(tmp_path / 'half')
     args = ['--residual=rd_attnres', '--lr_decay_iters=6', '--eval_interval=3']
@@ -225,6 +227,7 @@ def test_resume_equals_an_uninterrupted_run(data_dir, tmp_path):
     assert not glob.glob(os.path.join(half, '*.tmp'))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_data_digest_resumes_with_the_digest_of_its_steps(data_dir, tmp_path):
     # a checkpoint written before train.py kept the digest: the resumed run rebuilds it from the order
     full, old = str(tmp_path / 'full'), str(tmp_path / 'old')
@@ -302,6 +305,7 @@ def test_config_json_records_the_run(data_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # sample.py
 
+@pytest.mark.slow
 def test_sample_generates_and_shows_routing(data_dir, tmp_path):
     out = str(tmp_path / 'run')
     run_here(['--max_iters=2'], data_dir, out)
