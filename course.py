@@ -505,7 +505,8 @@ def zip_directory(path):
         at = tail.rfind(b'PK\x05\x06')
         if at < 0 or len(tail) < at + 22:
             return None
-        entries, directory = int.from_bytes(tail[at + 10:at + 12], 'little'), int.from_bytes(tail[at + 12:at + 16], 'little')
+        entries = int.from_bytes(tail[at + 10:at + 12], 'little')
+        directory = int.from_bytes(tail[at + 12:at + 16], 'little')
         locator = tail[max(0, at - 20):at]
         if locator[:4] == b'PK\x06\x07' and len(locator) == 20:
             f.seek(int.from_bytes(locator[8:16], 'little'))
@@ -537,7 +538,8 @@ def unpacked(n, zip_path, dest):
         if directory is None:
             return f"the file is not a zip that can be read (no end record): {again}"
         if directory[0] > ZIP_ENTRIES or directory[1] > ZIP_DIRECTORY:
-            return f"the zip holds more than {ZIP_ENTRIES:,} entries (or a directory of more than {ZIP_DIRECTORY:,} bytes): {again}"
+            return (f"the zip holds more than {ZIP_ENTRIES:,} entries (or a directory of more than {ZIP_DIRECTORY:,} "
+                    f"bytes): {again}")
         with zipfile.ZipFile(zip_path) as z:
             infos = z.infolist()
             if len(infos) > ZIP_ENTRIES:

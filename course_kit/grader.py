@@ -580,7 +580,7 @@ def windows_anywhere(got, ref, n_windows):
     v = got[1]
     here, alone, after = v.get('windows'), v.get('alone'), v.get('next')
     n = len(ref[1]['alone'])
-    if not all(isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
+    if not all(isinstance(x, list) and all(whole(i) for i in x)
                for x in (here, alone, after)):
         return f"a step's windows should be a list of ints; got {their_value(alone)}"
     if here != alone:
@@ -962,13 +962,13 @@ def swap_on():
 
 
 class MemoryCgroup:
-    """A cgroup of the memory controller for one run, limited to `limit` bytes, swap included (v1: memory and
-    swap together; v2: no swap); `wrap(cmd)` starts cmd in it (a shell that moves itself in, then runs cmd: every
-    process cmd starts is in it too; where it cannot move, it ends with EX_OSERR before cmd runs, which
-    run_worker says is the grader's failure, never the student's)."""
+    """A cgroup of the memory controller for one run, made in `where` (memory_cgroups()'s first answer), limited to
+    `limit` bytes, swap included (v1: memory and swap together; v2: no swap); `wrap(cmd)` starts cmd in it (a shell
+    that moves itself in, then runs cmd: every process cmd starts is in it too; where it cannot move, it ends with
+    EX_OSERR before cmd runs, which run_worker says is the grader's failure, never the student's)."""
 
-    def __init__(self, limit):
-        (self.base, self.limit_file, self.events), _ = memory_cgroups()
+    def __init__(self, where, limit):
+        self.base, self.limit_file, self.events = where
         self.path = tempfile.mkdtemp(prefix='rd-attnres-', dir=self.base)
         for name, value in ((self.limit_file, limit), ('memory.memsw.limit_in_bytes', limit), ('memory.swap.max', 0)):
             if os.path.exists(os.path.join(self.path, name)):
@@ -1283,8 +1283,9 @@ def run_worker(tree, request, n_concepts, cpu_seconds, sandbox):
             env.pop('COURSE_WORKER_USER', None)
     work, cgroup = tempfile.mkdtemp(dir=grading_folder()), None   # the outputs: the grader's alone, outside the tree
     try:
-        if sandbox != 'none' and memory_cgroups()[0]:
-            cgroup = MemoryCgroup(MEMORY)
+        where = memory_cgroups()[0] if sandbox != 'none' else None
+        if where:
+            cgroup = MemoryCgroup(where, MEMORY)
             cmd = cgroup.wrap(cmd)
         paths = [os.path.join(work, name) for name in ('request', 'answers')]
         with open(paths[0], 'wb') as f:

@@ -376,19 +376,20 @@ def refusing_filter(arch, refused, socketpair=None):
         return struct.pack('=HBBI', code, jt, jf, k)
     LD, JEQ, JGE, AND, RET = 0x20, 0x15, 0x35, 0x54, 0x06       # ld [k]; jeq #k; jge #k; and #k; ret #k (BPF_K)
     ALLOW, DENY = 0x7fff0000, 0x00050000 | EPERM                # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    n = len(refused)
+    # socketpair: its type (args[1], low word) without its flags a stream's; else on to ALLOW (3 ahead)
+    pair = [op(JEQ, 0xffffffff if socketpair is None else socketpair, 0, 3), op(LD, 24), op(AND, 0xf),
+            op(JEQ, 1, 0, 1)]
+    n, k = len(refused), len(pair)     # (a jump's offset counts the instructions it skips: DENY is the last)
     prog = [op(LD, 4), op(JEQ, arch, 1, 0), op(RET, DENY),     # seccomp_data.arch: another one refused
-            op(LD, 0), op(JGE, X32, n + 5, 0)]                  # seccomp_data.nr: x32's refused
-    prog += [op(JEQ, nr, n - i + 4, 0) for i, nr in enumerate(sorted(refused))]
-    prog += [op(JEQ, 0xffffffff if socketpair is None else socketpair, 0, 3),   # socketpair: its type (args[1], low
-             op(LD, 24), op(AND, 0xf), op(JEQ, 1, 0, 1)]                # word) without its flags a stream's
-    return b''.join(prog + [op(RET, ALLOW), op(RET, DENY)])
+            op(LD, 0), op(JGE, X32, n + k + 1, 0)]              # seccomp_data.nr: x32's refused
+    prog += [op(JEQ, nr, n - i + k, 0) for i, nr in enumerate(sorted(refused))]
+    return b''.join(prog + pair + [op(RET, ALLOW), op(RET, DENY)])
 
 
 def no_sharing():
     """Refuse this process, and every process it starts, memfd_create, memfd_secret, System V IPC, socket, io_uring
-    and a socketpair of datagrams (EPERM). OSError where it cannot (its strerror: why): a machine this table does not know, a kernel without seccomp,
-    or a container's filter that refuses seccomp itself."""
+    and a socketpair of datagrams (EPERM). OSError where it cannot (its strerror: why): a machine this table does
+    not know, a kernel without seccomp, or a container's filter that refuses seccomp itself."""
     import ctypes
     import platform
     machine = platform.machine() if struct.calcsize('P') == 8 else 'a 32-bit Python'

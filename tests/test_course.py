@@ -1250,23 +1250,30 @@ def test_without_landlock_the_uid_sandbox_says_what_it_loses(handouts, tmp_path,
         subprocess.run(['umount', '-l', str(disk)])
 
 
-# The end of the scripts below: each of `tries` made, said as its errno's name or 'ok', and `child` (code) run by a
-# process it starts, said as the name of the error that process ended with
-EACH_TRIED = r"""said = {}
-for what, attempt in tries.items():
-    try:
-        attempt()
-        said[what] = 'ok'
-    except OSError as e:
-        said[what] = errno.errorcode[e.errno]
-ended = subprocess.run([sys.executable, '-I', '-S', '-c', child], capture_output=True, text=True)
-said['a process it starts'] = ended.stderr.strip().split('\n')[-1].split(':')[0]
-print(json.dumps(said))
+# The start of the scripts below: tried(tries), each of `tries` made, said as its errno's name or 'ok'; and
+# last_error(code), the last line a process that runs `code` printed to stderr (the error it ended with)
+TRIED = r"""import errno, subprocess, sys
+
+
+def tried(tries):
+    out = {}
+    for what, attempt in tries.items():
+        try:
+            attempt()
+            out[what] = 'ok'
+        except OSError as e:
+            out[what] = errno.errorcode[e.errno]
+    return out
+
+
+def last_error(code):
+    ended = subprocess.run([sys.executable, '-I', '-S', '-c', code], capture_output=True, text=True)
+    return ended.stderr.strip().split('\n')[-1]
 """
 
 
 # What a process can still do once course_worker.no_writes has run: each try's errno name, or 'ok'
-WRITES = r"""import errno, json, os, socket, subprocess, sys
+WRITES = TRIED + r"""import json, os, socket
 sys.path.insert(0, sys.argv[1])
 from course_kit import worker
 here, port, name = sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -1292,8 +1299,9 @@ tries = {
     'kept': lambda: kept.write('still') and kept.flush(), '/dev/null': lambda: open(os.devnull, 'w').write('x'),
     'udp': lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', port)),
 }
-child = f'open({at("child")!r}, "x")'
-""" + EACH_TRIED
+said = {**tried(tries), 'a process it starts': last_error(f'open({at("child")!r}, "x")').split(':')[0]}
+print(json.dumps(said))
+"""
 
 
 def test_the_worker_takes_every_write_from_itself(tmp_path):
@@ -1323,7 +1331,7 @@ def test_the_worker_takes_every_write_from_itself(tmp_path):
 
 # What a process can still read once course_worker.no_writes has run with folders it may read (the uid sandbox's:
 # the system's, Python's, its own): each try's errno name, or 'ok'; and a process it starts
-READS = r"""import errno, json, os, subprocess, sys
+READS = TRIED + r"""import json, os
 sys.path.insert(0, sys.argv[1])
 from course_kit import worker
 mine, other, shm = sys.argv[2], sys.argv[3], sys.argv[5]
@@ -1335,7 +1343,9 @@ tries = {'mine': lambda: open(os.path.join(mine, 'answer.py')).read(), 'list min
          '/proc/self': lambda: open('/proc/self/status').read(), '/dev/null': lambda: open(os.devnull).read(),
          '/dev/urandom': lambda: open('/dev/urandom', 'rb').read(8), "the machine's /dev/shm": lambda: open(shm).read()}
 child = f'open({os.path.join(other, "compare.py")!r}).read()'
-""" + EACH_TRIED
+said = {**tried(tries), 'a process it starts': last_error(child).split(':')[0]}
+print(json.dumps(said))
+"""
 
 
 def test_the_worker_reads_only_the_folders_it_is_given(tmp_path):
@@ -1401,7 +1411,7 @@ def test_without_landlock_the_worker_runs_no_code_and_the_grader_says_why(tmp_pa
 
 # What a process can still make once course_worker.no_sharing has run (and before, to show that each works
 # here): each try's errno name, or 'ok' (each System V object made is removed at once); and a process it starts
-SHARED = r"""import ctypes, errno, json, mmap, os, socket, subprocess, sys
+SHARED = TRIED + r"""import ctypes, json, mmap, os, socket
 sys.path.insert(0, sys.argv[1])
 from course_kit import worker
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1428,20 +1438,10 @@ def io_uring():   # a ring of one entry (io_uring_setup), whose requests could m
         raise OSError(ctypes.get_errno(), 'refused')
     os.close(fd)
 
-def said():
-    out = {}
-    for what, attempt in tries.items():
-        try:
-            attempt()
-            out[what] = 'ok'
-        except OSError as e:
-            out[what] = errno.errorcode[e.errno]
-    return out
-before = said()
+before = tried(tries)
 worker.no_sharing()
-after = said()
-child = subprocess.run([sys.executable, '-I', '-S', '-c', 'import os; os.memfd_create("x")'], capture_output=True, text=True)
-print(json.dumps([before, after, child.stderr.strip().split('\n')[-1]]))
+after = tried(tries)
+print(json.dumps([before, after, last_error('import os; os.memfd_create("x")')]))
 """
 
 
@@ -1781,10 +1781,11 @@ def test_a_runs_memory_cgroup_bounds_all_its_processes_together():
     # where a memory cgroup can be made (root, cgroup v1 or v2 with a memory controller to make one in), a run's
     # processes together hold at most its limit: three children of 400 MB under a limit of 512 MB, each far under
     # the address-space limit, are not all let through; the kernel's kill is seen, and the cgroup goes with the run
-    if not course_grader.memory_cgroups()[0]:
-        pytest.skip(f"no memory cgroup can be made here ({course_grader.memory_cgroups()[1]}): grading says so "
+    where, why_not = course_grader.memory_cgroups()
+    if not where:
+        pytest.skip(f"no memory cgroup can be made here ({why_not}): grading says so "
                     "(test_where_a_mechanism_is_missing_the_grader_says_what_each_sandbox_loses)")
-    cgroup = course_grader.MemoryCgroup(512 * 2 ** 20)
+    cgroup = course_grader.MemoryCgroup(where, 512 * 2 ** 20)
     try:
         code = 'def hog():\n' + HOG.format(children=3, mb=400) + '\nhog()\n'
         p = subprocess.run(cgroup.wrap([sys.executable, '-I', '-S', '-c', code]), capture_output=True, text=True,
