@@ -247,7 +247,7 @@ def read_bytes_per_token(model):
     gradient), reads the R output gradients twice per source (the dots, the source's gradient) and writes
     each source's gradient."""
     d = model.config.n_embd
-    return sum(4 * d * (N * (2 + 2 + 1 + 2 * R) + R) for _, R, N in model.read_points())
+    return sum(4 * d * (N * (2 + 2 + 1 + 2 * R) + R) for _, R, N in model.read_point_sizes())
 
 
 def two_phase_bytes_per_token(model):
@@ -263,7 +263,7 @@ def two_phase_bytes_per_token(model):
     cfg = model.config
     d, S, L = cfg.n_embd, cfg.attnres_block_size, 2 * cfg.n_layer
     slots = math.ceil(L / S)
-    routes = {l: R for l, R, _ in model.read_points()}
+    routes = {l: R for l, R, _ in model.read_point_sizes()}
 
     def phase1(R):
         state = R * (d + 2)
@@ -289,7 +289,7 @@ def fused_bytes_per_token(model):
     finished_read (one route). Returns (finished_read bytes, merge bytes)."""
     cfg = model.config
     d, S, L = cfg.n_embd, cfg.attnres_block_size, 2 * cfg.n_layer
-    routes = {l: R for l, R, _ in model.read_points()}
+    routes = {l: R for l, R, _ in model.read_point_sizes()}
     per_group = max(1, 8192 // 2 ** math.ceil(math.log2(d)))   # (fused_read.route_groups without Triton)
 
     def finished(N, R):

@@ -39,7 +39,7 @@ from run_kit.run_files import (LOG, RunFileError, atomic_write, describe_diverge
 PARENT = {'rd_attnres': 'attnres', 'ctrl_params': 'attnres', 'ctrl_dup': 'attnres', 'ctrl_fixed_v': 'attnres',
           'ctrl_heads': 'attnres', 'ctrl_mix': 'attnres', 'attnres': 'standard'}
 WHY_PARENT = {
-    'attnres': "Block AttnRes replaces the running sum with one learned read over earlier blocks",
+    'attnres': "Block AttnRes replaces the running sum with one learned read over the outputs of earlier AttnRes blocks",
     'rd_attnres': "RD-AttnRes gives attention's v its own route; tying the v route to the qk route gives attnres back",
     'ctrl_params': "the paper's control for rd_attnres's parameter count: attnres plus a gain per attention sublayer",
     'ctrl_dup': "the paper's control for rd_attnres's compute: attnres's read run twice with one pseudo-query",
@@ -103,7 +103,7 @@ def sign_test_p(wins, n):
 
 
 def paired_stats(deltas):
-    """The paper's numbers for paired differences Δ = NLL(arm) - NLL(parent) (with --pair, the second mode
+    """The paper's numbers for paired differences Δ = NLL(child) - NLL(parent) (with --pair, the second mode
     named), one per seed: mean Δ, the sample sd of the Δs, a 95% t-interval for the mean, the perplexity reduction 1 - exp(mean Δ), wins (Δ < 0),
     ties (Δ = 0) and the exact two-sided sign test, which leaves the ties out: wins out of the n - ties
     pairs that are not ties. With one pair (n = 1) the sd and the interval are NaN and p = 1."""
@@ -362,7 +362,7 @@ def markdown(results):
 def routing_table(runs, step=None):
     """For each run whose attention reads have two routes that differ (rd_attnres, ctrl_heads): how far
     apart they read at each layer (JS divergence in nats) and where each reads from at the last layer
-    (mean source index: 0 = the embedding, n = block n), at the step compared. Markdown, or '' if none."""
+    (mean source number: 0 = the embedding, n = AttnRes block n), at the step compared. Markdown, or '' if none."""
     rows, shallower = [], {}   # shallower[(arm, first, second, group)]: per run, (is `second` shallower at the last layer, config)
     for run in sorted(runs, key=lambda r: (r['config']['residual'], r['config']['seed'])):
         at = step if step is not None else run['config']['max_iters']
@@ -497,8 +497,8 @@ def plot_routing(plt, run, routed, out_dir):
         im = ax.imshow(m, vmin=0, vmax=1, cmap='viridis', aspect='auto')
         ax.set_xticks(range(len(m[0])))
         ax.set_yticks(range(len(m)))
-        ax.set(xlabel='source (0 = embedding, n = block n, last: partial)',
-               ylabel='attention layer', title=f"{route.upper()} route: α at step {last_step}")
+        ax.set(xlabel='source (0 = embedding, n = AttnRes block n, last: partial)',
+               ylabel='attention layer', title=f"{route} route: α at step {last_step}")
         for i, row in enumerate(m):
             for j, a in enumerate(row):
                 if a == a:  # not NaN

@@ -23,8 +23,8 @@ Glossary (README: "The method in a few lines of math"); q, k, v are token attent
     route     one read of a read point, with the pseudo-query ATTENTION_ROUTES names: qk (w_qk: attention's q, k,
               and v in attnres), v (w_v: attention's v; ctrl_dup's reuses w_qk), heads1/heads2 (ctrl_heads), mlp, final
     x         a sublayer's input: the residual stream (standard), a read through the pre-norm (x_qk, x_v)
-`### BEGIN SOLUTION <k>` ... `### END SOLUTION` (a student's handout: BEGIN/END YOUR CODE (assignment <k>)) mark
-what assignment k of the course kit asks students to write (COURSE.md); Python ignores the markers.
+    layer     a transformer Block's number, 0 .. n_layer-1 (its sublayers: 2*layer, 2*layer+1; the final read: n_layer)
+`### BEGIN SOLUTION <k>` ... `### END SOLUTION` (a handout's: BEGIN/END YOUR CODE): the course kit's assignment k.
 """
 
 import math
@@ -36,16 +36,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 RESIDUAL_MODES = ('standard', 'attnres', 'rd_attnres', 'ctrl_params', 'ctrl_dup', 'ctrl_fixed_v', 'ctrl_heads')
-# The read before each attention sublayer, per mode: its routes and each one's pseudo-query (the controls'
-# routes too; their attention is control_attention, at the end of this file). Tying the second pseudo-query
-# to the first gives attnres back (ctrl_dup: attnres's function at rd_attnres's compute). rd_attnres splits
-# attention's input by role, ctrl_heads by heads (roles coupled). A mode with one route calls it qk, named for
-# matching, though it feeds the values too: it is the route rd_attnres keeps for q and k.
+# The read point before each attention sublayer, per mode: its routes and each one's pseudo-query (the controls' too:
+# their attention is control_attention, at the end of this file). Tying the second pseudo-query to the first gives
+# attnres back (ctrl_dup: attnres's function at rd_attnres's compute). rd_attnres splits attention's input by role,
+# ctrl_heads by heads. A mode with one route calls it qk, though it feeds the values too: rd_attnres keeps it for q, k.
 ATTENTION_ROUTES = {
     'attnres':      {'qk': 'w_qk'},
     'ctrl_params':  {'qk': 'w_qk'},
     'rd_attnres':   {'qk': 'w_qk', 'v': 'w_v'},
-    'ctrl_fixed_v': {'qk': 'w_qk', 'v': 'w_v'},   # w_v frozen at zero (a buffer)
+    'ctrl_fixed_v': {'qk': 'w_qk', 'v': 'w_v'},   # w_v fixed at zero (a buffer)
     'ctrl_dup':     {'qk': 'w_qk', 'v': 'w_qk'},
     'ctrl_heads':   {'heads1': 'w_heads1', 'heads2': 'w_heads2'},
 }
@@ -72,7 +71,7 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.residual != 'standard' and self.attnres_block_size > 2 * self.n_layer:
             warnings.warn(f"attnres_block_size={self.attnres_block_size} exceeds the {2 * self.n_layer} sublayers: one "
-                          f"block, every read sees the embedding and the partial only (1 = Full AttnRes)")
+                          f"AttnRes block, every read sees the embedding and the partial only (1 = Full AttnRes)")
         if self.residual == 'ctrl_heads' and self.n_head % 2 != 0:
             raise ValueError(f"ctrl_heads gives each route half the heads: n_head must be even, got {self.n_head}")
         if (self.n_embd // self.n_head) % 2 != 0:
@@ -126,7 +125,6 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
@@ -187,16 +185,16 @@ def read_sources(sources, w):
 
 
 class DepthRead(nn.Module):
-    """One read point: the read before a sublayer (or the final one). It owns one pseudo-query per distinct
-    name in its routes, zero at init (the paper: every read starts as the uniform average of its sources),
+    """One read point: where the reads before a sublayer happen (or the final read). It owns one pseudo-query per
+    distinct name in its routes, zero at init (the paper: every read starts as the uniform average of its sources),
     and the gain of its RMSNorm of the sources (ones), folded into the pseudo-queries; its routes share it."""
 
-    def __init__(self, d, sublayer, layer, routes, frozen=()):
+    def __init__(self, d, sublayer, layer, routes, fixed=()):
         super().__init__()
         self.sublayer, self.layer, self.routes = sublayer, layer, routes   # routes: {route: pseudo-query name}
-        for name in dict.fromkeys(routes.values()):   # a frozen one is a buffer: not learned, its route stays uniform
+        for name in dict.fromkeys(routes.values()):   # a fixed one is a buffer: not learned, its route stays uniform
             zeros = torch.zeros(d)
-            self.register_buffer(name, zeros) if name in frozen else setattr(self, name, nn.Parameter(zeros))
+            self.register_buffer(name, zeros) if name in fixed else setattr(self, name, nn.Parameter(zeros))
         self.source_gain = nn.Parameter(torch.ones(d))
 
     def pseudo_queries(self):
@@ -213,13 +211,13 @@ class DepthRead(nn.Module):
         if log is not None:
             for r, route in enumerate(self.routes):
                 alpha_r = alpha[r].detach().float()             # (B, T, N)
-                log.append(dict(sublayer=self.sublayer, layer=self.layer, route=route,
-                                alpha=alpha_r.mean(dim=(0, 1)),
+                log.append(dict(sublayer=self.sublayer, layer=self.layer, route=route, alpha=alpha_r.mean(dim=(0, 1)),
                                 token_entropy=-(alpha_r * alpha_r.clamp_min(1e-30).log()).sum(-1).mean()))
         return h
 
 
 # -----------------------------------------------------------------------------
+# The transformer: Blocks of two sublayers, and the GPT that runs their reads and sublayers in order
 
 class Block(nn.Module):
     """One transformer block = two sublayers (attention, then MLP), each with its own pre-norm. In the
@@ -236,7 +234,7 @@ class Block(nn.Module):
         if mode == 'standard':
             return
         self.attn_read = DepthRead(d, 2 * layer, layer, ATTENTION_ROUTES[mode],
-                                   frozen=('w_v',) if mode == 'ctrl_fixed_v' else ())
+                                   fixed=('w_v',) if mode == 'ctrl_fixed_v' else ())
         self.mlp_read = DepthRead(d, 2 * layer + 1, layer, {'mlp': 'w_mlp'})
         if mode == 'ctrl_params':
             self.attn_input_gain = nn.Parameter(torch.ones(d))   # the extra vector (control_attention)
@@ -262,12 +260,11 @@ class Block(nn.Module):
 
     def run_sublayer(self, is_attention, h, cos, sin):
         """This block's attention sublayer's output (else its MLP's) from its read point's h (R, B, T, d).
-        The MLP's read has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
+        The MLP's read point has one route (unchanged by RD-AttnRes), through the MLP's own pre-norm."""
         return self.attention(h, cos, sin) if is_attention else self.mlp(self.norm_mlp(h[0]))
 
 
 class GPT(nn.Module):
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -295,8 +292,7 @@ class GPT(nn.Module):
         self.record_routing = False  # set True to keep each read's depth distribution in self.routing
         self.routing = []
 
-    def get_num_params(self):
-        # the tied embedding / LM head is counted once; rotary tables are buffers, not parameters
+    def get_num_params(self):   # the tied embedding / LM head counted once; rotary tables are buffers, not parameters
         return sum(param.numel() for param in self.parameters())
 
     def forward(self, idx, targets=None):
@@ -312,10 +308,10 @@ class GPT(nn.Module):
             h = x                              # standard: the final norm sees the stream itself
         else:
             h = self.forward_depth_routed(x)   # the final read's output
-        h = self.transformer.ln_f(h)
+        out = self.transformer.ln_f(h)         # (ln_f: nanoGPT's name; an RMSNorm)
         if targets is None:  # inference: only the last position's logits are needed
-            return self.lm_head(h[:, [-1], :]), None
-        logits = self.lm_head(h)
+            return self.lm_head(out[:, [-1], :]), None
+        logits = self.lm_head(out)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
@@ -361,19 +357,18 @@ class GPT(nn.Module):
                   {'params': [param for param in params if param.dim() < 2], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=(device_type == 'cuda'))
 
-    def read_points(self):
+    def read_point_sizes(self):
         """(sublayer, R, N) of every read point of a forward pass, in order (sublayer 2*n_layer: the final read)."""
         return [(m.sublayer, len(m.routes), n_sources(m.sublayer, self.config.attnres_block_size))
                 for m in self.modules() if isinstance(m, DepthRead)]
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs (forward + backward = 3x forward) per token, depth reads included."""
-        cfg, T = self.config, seq_len or self.config.block_size
-        n_params, d = self.get_num_params(), cfg.n_embd
-        dense = 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * T  # weights (PaLM appendix B) + attention scores
+        cfg, T, d = self.config, seq_len or self.config.block_size, self.config.n_embd
+        dense = 6 * self.get_num_params() + 12 * cfg.n_layer * d * T  # weights (PaLM appendix B) + attention scores
         # a read over N sources and R routes: R*N dot products of length d (scores) and an R-route
         # weighted sum of N vectors of length d, 2 FLOPs per multiply-add each
-        reads = sum(4 * d * R * N for _, R, N in self.read_points())
+        reads = sum(4 * d * R * N for _, R, N in self.read_point_sizes())
         return dense + 3 * reads
 
     def estimate_mfu(self, tokens_per_iter, dt, peak_flops=312e12, seq_len=None):
@@ -384,8 +379,7 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Sample max_new_tokens tokens after idx (B, T), feeding predictions back in."""
         for _ in range(max_new_tokens):
-            idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
+            logits, _ = self(idx[:, -self.config.block_size:])   # the context cropped to the last block_size tokens
             logits = logits[:, -1, :] / max(temperature, 1e-8)
             if top_k is not None:
                 top_logits, _ = torch.topk(logits, min(top_k, logits.size(-1)))

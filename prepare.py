@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from run_kit.common import run_command
+from run_kit.common import WriteFailed, run_command
 from run_kit.run_files import atomic_write, lock_folder, sync_and_rename, write_failed
 
 MAGIC, VERSION = 20261130, 1
@@ -576,11 +576,11 @@ LOCK = 'prepare.lock'
 
 
 def cannot_write(args, out_dir, error):
-    """A failed write of a build as a message (run_files.write_failed)."""
+    """A failed write of a build, the one line prepare.py ends with (run_files.write_failed; exit EXIT_WRITE)."""
     need = f"The train split alone needs about {2 * args.max_tokens / 1e6:,.0f} MB" if args.max_tokens < 10 ** 12 else ''
-    return write_failed(out_dir, error, "the partial files were removed and a previous build, if any, is as it was",
-                        what=f"the prepared data in {out_dir}", need=need, then="run the same command again",
-                        elsewhere="a --data_dir")
+    return WriteFailed(write_failed(out_dir, error, "the partial files were removed and a previous build, if any, is "
+                                    "as it was", what=f"the prepared data in {out_dir}", need=need,
+                                    then="run the same command again", elsewhere="a --data_dir").code)
 
 
 def build(args, out_dir):

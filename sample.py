@@ -39,7 +39,7 @@ DEFAULTS = dict(
     max_new_tokens=200,
     temperature=0.8,          # < 1 sharpens, > 1 flattens the distribution
     top_k=200,                # keep only the top_k most likely tokens (0 = all)
-    seed=1337,
+    seed=1337,                # the sampling's random numbers (not a run's seed)
     device='auto',
     cpu_threads=1,            # on CPU: torch's threads (0 = one per core); 1 is faster for small models
                               # (docs/performance.md, "Threads for small models on a CPU")
@@ -49,9 +49,10 @@ DEFAULTS = dict(
 )
 
 
-ROUTES = {'qk': "the input of queries and keys (the one route of attnres)", 'v': "the input of values (RD-AttnRes)",
-          'heads1': "the Q, K and V input of the first half of the heads (ctrl_heads)",
-          'heads2': "the Q, K and V input of the second half of the heads (ctrl_heads)", 'mlp': "the MLP's input",
+ROUTES = {'qk': "the input of queries and keys (attnres: its one route, of values too)",
+          'v': "the input of values (RD-AttnRes)",
+          'heads1': "the q, k and v input of the first half of the heads (ctrl_heads)",
+          'heads2': "the q, k and v input of the second half of the heads (ctrl_heads)", 'mlp': "the MLP's input",
           'final': "the read after the last sublayer, into the LM head"}
 
 
@@ -61,8 +62,9 @@ def print_routing(model, n_tokens):
     print("---- depth routing over the prompt: where each sublayer's input comes from ----")
     print(textwrap.fill(
         f"One row per read point, in order: the sublayer it feeds (0..{L - 1}: attention at even numbers, the MLP at "
-        f"odd ones; {L} sublayers in blocks of {S}) and its route. A cell is a source's share of the read: emb = the "
-        f"token embedding, bN = the output of block N, p = the partial sum of the current block so far. Each token "
+        f"odd ones; {L} sublayers in AttnRes blocks of {S}) and its route. A cell is a source's share of the read: emb = "
+        f"the token embedding, bN = the sum of AttnRes block N's outputs, part = the partial, the sum of the current "
+        f"AttnRes block's outputs so far. Each token "
         f"of the prompt reads with its own shares; a cell is their mean over the prompt's {n_tokens} tokens, so a "
         f"row adds up to 100%. The last row, sublayer {L} final, is the read after the last sublayer: the input of "
         f"the final norm and the LM head.", 100))
@@ -84,53 +86,53 @@ def load_model(cfg):
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
     if cfg['weights']:
-        source = cfg['weights']
+        path = cfg['weights']
         try:
-            with safe_open(source, framework='pt') as f:
+            with safe_open(path, framework='pt') as f:
                 header = f.metadata() or {}
                 saved = json.loads(header.get('config', 'null'))
                 tensors = {k: (f.get_slice(k).get_shape(), DTYPES.get(f.get_slice(k).get_dtype())) for k in f.keys()}
         except (OSError, SafetensorError, ValueError) as e:
-            raise SystemExit(f"{source} cannot be read as a .safetensors file: {e}") from None
+            raise SystemExit(f"{path} cannot be read as a .safetensors file: {e}") from None
         if saved is None:
-            raise SystemExit(f"{source} has no model configuration in its header: write it with "
+            raise SystemExit(f"{path} has no model configuration in its header: write it with "
                              "python sample.py --out_dir=<run> --export=<file>.safetensors")
     else:
-        source = os.path.join(cfg['out_dir'], CHECKPOINT)
-        if not os.path.exists(source):
-            raise SystemExit(f"no checkpoint at {source}: train one first (python train.py config/quickstart.py) "
+        path = os.path.join(cfg['out_dir'], CHECKPOINT)
+        if not os.path.exists(path):
+            raise SystemExit(f"no checkpoint at {path}: train one first (python train.py config/quickstart.py) "
                              "or pass --out_dir=<a run directory>")
-        ckpt = load_checkpoint(source)   # onto the CPU first: the model is moved once, below
+        ckpt = load_checkpoint(path)   # onto the CPU first: the model is moved once, below
         saved, weights = ckpt['config'], ckpt['model']
         tensors = {k: (tuple(t.shape), t.dtype) for k, t in weights.items()}
-    config = model_config(saved, source)
+    config = model_config(saved, path)
     with torch.device('meta'):
         skeleton = GPT(config)
         tensors = renamed_keys(skeleton, tensors)   # a file of an older version: today's tensor names
-        check_tensors(skeleton, tensors, source)
+        check_tensors(skeleton, tensors, path)
     if cfg['weights']:
         try:
-            weights = load_file(source)
+            weights = load_file(path)
         except (OSError, SafetensorError) as e:
-            raise SystemExit(f"{source} cannot be read as a .safetensors file: {e}") from None
+            raise SystemExit(f"{path} cannot be read as a .safetensors file: {e}") from None
         if 'sha256' not in header:
-            warnings.warn(f"{source} has no digest (exported by an older sample.py): its configuration and tensors "
+            warnings.warn(f"{path} has no digest (exported by an older sample.py): its configuration and tensors "
                           "are not verified")
         elif header['sha256'] != weights_digest(header['config'], weights):
-            raise SystemExit(f"{source} was changed after it was exported: its configuration or tensors do not match "
+            raise SystemExit(f"{path} was changed after it was exported: its configuration or tensors do not match "
                              "the digest written with them. Export it again from its run (python sample.py "
                              "--out_dir=<run> --export=<file>.safetensors).")
     try:
         model = GPT(config)
     except (RuntimeError, MemoryError) as e:   # a configuration valid for train.py, but too big for this machine
-        raise SystemExit(f"{source}: the model its configuration describes ({', '.join(f'{k}={saved[k]}' for k in MODEL_KEYS)}) "
+        raise SystemExit(f"{path}: the model its configuration describes ({', '.join(f'{k}={saved[k]}' for k in MODEL_KEYS)}) "
                          f"cannot be built here ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     # every tensor of the model is there (check_tensors), a tied weight once: strict=False lets the other name be
     model.load_state_dict(renamed_keys(model, weights), strict=not cfg['weights'])
     if cfg['weights']:
-        return model, saved, f"{source} (step {saved.get('step')})"
+        return model, saved, f"{path} (step {saved.get('step')})"
     saved = dict(saved, step=ckpt['step'], best_val_loss=ckpt['best_val_loss'])
-    return model, saved, f"{source} (step {saved['step']}, best val loss {saved['best_val_loss']:.4f})"
+    return model, saved, f"{path} (step {saved['step']}, best val loss {saved['best_val_loss']:.4f})"
 
 
 DTYPES = {'F32': torch.float32, 'BF16': torch.bfloat16, 'F16': torch.float16, 'F64': torch.float64}

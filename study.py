@@ -329,12 +329,12 @@ def run_flops(cfg):
     """Training + evaluation FLOPs of a run, from its configuration (the model built on the meta device, no memory)."""
     train_tokens = cfg['max_iters'] * cfg['total_batch_size']
     eval_tokens = (cfg['max_iters'] // cfg['eval_interval'] + 1) * cfg['eval_tokens']
-    per_token = flops_per_token(tuple(cfg[k] for k in MODEL_KEYS), cfg.get('depth_read'))
+    per_token = flops_per_token_of_shape(tuple(cfg[k] for k in MODEL_KEYS), cfg.get('depth_read'))
     return per_token * train_tokens + per_token / 3 * eval_tokens   # an evaluation is a forward pass
 
 
 @functools.lru_cache(maxsize=None)
-def flops_per_token(model_values, depth_read):
+def flops_per_token_of_shape(model_values, depth_read):
     """A model's FLOPs per training token, built once per shape (a plan's seeds and budgets share a few shapes;
     building one, even on the meta device, takes a third of a second)."""
     import torch

@@ -5,7 +5,7 @@ Tests of model.py, one group per concept. The course kit's assignments select th
   1. tie recovery          rd_attnres with w_v tied to w_qk is attnres
   2. equal at init         every control and rd_attnres start as attnres
   3. parameter delta       one model-width vector per attention sublayer
-  4. paired init           shared parameters are bit-identical across all modes for one seed
+  4. paired init           shared parameters are bit-identical across all modes for one seed; the documented init
   5. standard residual     the running sum (the literal reference of AttnRes is in test_hidden.py)
   6. causality             no logit depends on a later token
   7. learning              loss at init ~ ln(vocab); every mode overfits one batch
@@ -302,6 +302,23 @@ def test_shared_parameters_are_bit_identical_across_modes():
     assert not torch.equal(other_seed['lm_head.weight'], states['attnres']['lm_head.weight'])
 
 
+def test_the_initialisation_is_the_documented_one():
+    # docs/method.md, "Backbone": matrices N(0, 0.02), the residual output projections (c_proj) at 0.02/sqrt(2L),
+    # norm gains and source gains one, pseudo-queries zero; rotary angles t * 10000^(-2j/head_dim)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=4096, n_layer=4, n_head=4, n_embd=256, residual='rd_attnres'))
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * 4) if name.endswith('c_proj.weight') else 0.02
+            assert abs(p.mean().item()) < 0.1 * std and abs(p.std().item() / std - 1) < 0.03, (name, p.std().item())
+        elif name.split('.')[-1].startswith('w_'):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        else:
+            assert torch.equal(p, torch.ones_like(p)), name
+    head_dim, t, j = 64, 5, 3
+    assert model.rope_cos[t, j].item() == pytest.approx(math.cos(t * 10000 ** (-2 * j / head_dim)), abs=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # 5. The standard residual (the literal reference of the depth-routed modes is in test_hidden.py:
 #    it is the answer to assignments 2 and 3 of the course kit, so it is not handed out)
@@ -402,7 +419,7 @@ def test_routing_records_every_read_point(mode, S):
                                      f"{'missing' if alpha.shape[0] < n else 'extra'}")
         torch.testing.assert_close(alpha.sum(), torch.tensor(1.0, dtype=alpha.dtype))
         assert (alpha >= 0).all()
-    assert [(l, R, n) for l, R, n in model.read_points()] == [
+    assert [(l, R, n) for l, R, n in model.read_point_sizes()] == [
         (l, 2 if two and l % 2 == 0 and l < L else 1, expected_sources(l, S) if l < L else 1 + math.ceil(L / S))
         for l in range(L + 1)]
 

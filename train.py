@@ -37,13 +37,12 @@ import torch
 # what the lesson is made of: the model and the data
 from model import GPT
 from prepare import read_dataset
-from run_kit.common import build_model
+from run_kit.common import build_model, fail, validate
 # machinery a reader may skip: how a run starts and what it records (run_dir: the one door), the guards around
 # the loop (run_control: signals, Ctrl-C, divergence, processes, devices), the run's files, the console, the checks
 from fast_read.two_phase_read import compile_model
 from run_kit import console, run_control, run_dir, run_files
-from run_kit.common import fail, validate
-from run_kit.routing import record_routing
+from run_kit.routing import routing_of_batch
 
 # -----------------------------------------------------------------------------
 # Defaults (a config file and --key=value override them; see configurator.py)
@@ -61,7 +60,7 @@ log_routing = True          # depth distributions of the first validation batch 
 wandb_log = False           # also send what log.jsonl gets to Weights & Biases (rank 0; `pip install wandb`)
 wandb_project = 'rd-attnres'
 wandb_run_name = ''         # '' = the out_dir's name, e.g. rd_120m_s1
-wandb_group = ''            # '' = the comparison: shape and budget, e.g. 12x768h12_1024ctx_3815steps
+wandb_group = ''            # '' = the runs compare.py may pair: shape and budget, e.g. 12x768h12_1024ctx_3815steps
 # data
 dataset = 'tiny'            # data/<dataset>/{train,val}.bin, written by prepare.py
 data_dir = 'data'
@@ -73,12 +72,12 @@ block_size = 1024
 n_layer = 12
 n_head = 12
 n_embd = 768
-residual = 'rd_attnres'
+residual = 'rd_attnres'      # (GPTConfig's default is 'standard'; a run's, the method's)
 attnres_block_size = 4
-depth_read = 'plain'        # or 'two_phase', 'fused': the same reads, computed per block (docs/performance.md)
+depth_read = 'plain'        # how the reads are computed: 'two_phase', 'fused' per AttnRes block, the same values
 # optimizer: AdamW, linear warmup then cosine decay to min_lr_ratio * learning_rate
 learning_rate = 6e-4
-max_iters = 3815
+max_iters = 3815            # optimizer steps (nanoGPT's iters)
 lr_decay_iters = 0          # length of the schedule (0 = max_iters), fixed at the start of a run
 train_past_schedule = False # allow max_iters > lr_decay_iters: the extra steps run at the final LR
 warmup_iters = 250
@@ -129,8 +128,9 @@ def step_windows(step, n_windows, windows_per_step, seed):
 
 
 def get_windows(data, windows, block_size):
-    """(x, y) int64 tensors for window indices (nanoGPT's get_batch): window i is tokens [i*T, i*T + T + 1), y is
-    x shifted by one. Index -1 is a padding row (x = 0, y = -1: cross_entropy's ignore_index, never scored)."""
+    """(x, y) int64 token ids for window indices (nanoGPT's get_batch; not model.py's x): window i is tokens
+    [i*T, i*T + T + 1), y is x shifted by one. Index -1 is a padding row (x = 0, y = -1: cross_entropy's
+    ignore_index, never scored)."""
     rows = np.full((len(windows), block_size + 1), -1, dtype=np.int64)
     for r, i in enumerate(windows):
         if i >= 0:
@@ -139,7 +139,7 @@ def get_windows(data, windows, block_size):
     return rows[:, :-1].clamp_min(0), rows[:, 1:].contiguous()
 
 
-# A step's fingerprint, windows_hash (its training row's data_hash), and the data digest, windows_digest chained
+# A step's fingerprint, windows_hash (data_hash of the row after it), and the data digest, windows_digest chained
 # over every step's windows since DIGEST_START (every row, the checkpoint): one digest at s = the same steps before s
 DIGEST_START = '0' * 16
 
@@ -213,16 +213,16 @@ def main(argv):
 # Evaluation and one training step
 
 @torch.no_grad()
-def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc, ctx):
+def evaluate(compiled_model, raw_model, val_data, val_batches, routing_windows, cfg, proc, ctx):
     """Mean NLL over the fixed validation windows (ranks split them, the sums are reduced; one read-back at the
     end, not one per batch) and, on rank 0, the routing diagnostics of the windows routing_windows."""
     T, dev = cfg['block_size'], proc.device
-    model.eval()
+    compiled_model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=dev)  # (sum of token losses, number of tokens)
     for windows in val_batches:
         x, y = (t.to(dev) for t in get_windows(val_data, windows, T))
         with ctx:
-            _, loss = model(x, y)            # the mean over the scored tokens (padding has y = -1)
+            _, loss = compiled_model(x, y)   # the mean over the scored tokens (padding has y = -1)
         n = (y != -1).sum().double()
         total += torch.stack([torch.where(n > 0, loss.double() * n, 0.0), n])
     if proc.ddp:
@@ -230,8 +230,8 @@ def evaluate(model, raw_model, val_data, val_batches, routing_windows, cfg, proc
     routing = None
     if cfg['log_routing'] and proc.master and cfg['residual'] != 'standard':
         x, y = get_windows(val_data, routing_windows, T)
-        routing = record_routing(raw_model, x.to(dev), y.to(dev), ctx)   # (the plain module: no graph to break)
-    model.train()
+        routing = routing_of_batch(raw_model, x.to(dev), y.to(dev), ctx)   # (the plain module: no graph to break)
+    compiled_model.train()
     return (total[0] / total[1]).item(), routing
 
 
@@ -305,9 +305,7 @@ class Run:
         val_loss, routing = evaluate(self.compiled_model, self.raw_model, self.val_data, self.val_batches,
                                      self.routing_windows, cfg, self.proc, self.ctx)
         if not math.isfinite(val_loss):   # (recorded in the log as a divergence: a result, for study.py)
-            run_control.stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
-                                      f"{run_files.kept_checkpoint(self.record.ckpt_path)}", step, 'validation loss',
-                                      step, str(val_loss), self.record.ckpt_path, master)
+            run_control.stop_val_loss_diverged(val_loss, step, self.record.ckpt_path, master)
         if master:
             print(f"step {step}: val loss {val_loss:.4f}" + (' (eval_only: nothing trained or saved)'
                                                              if cfg['eval_only'] else ''), flush=True)
@@ -376,7 +374,7 @@ def train(cfg, proc):
             rank_windows = windows[proc.rank * grad_accum * B:(proc.rank + 1) * grad_accum * B]
             loss_mean, norm = train_step(step, run, train_data, rank_windows)
             skips.after(step, run.record.ckpt_path, proc.master)
-            step += 1
+            step += 1                          # from here: steps done (a row `step N` comes after N steps)
 
             stopping = False
             if step % cfg['log_interval'] == 0 or step == cfg['max_iters']:
@@ -404,9 +402,7 @@ def train(cfg, proc):
                 run.save(step, best_val)
             if stopping and step < cfg['max_iters']:
                 if proc.master:   # (said once the checkpoint is on disk)
-                    print(f"stopped by {stop.received[0] if stop.received else 'a signal to another rank'} at step "
-                          f"{step}: checkpoint written to {run.record.ckpt_path}. To continue: the same command with "
-                          f"--init_from=auto (or resume). Exit code {run_files.EXIT_STOPPED}.", flush=True)
+                    print(stop.stopped_at(step, run.record.ckpt_path), flush=True)
                 break
     finally:
         stop.restore()

@@ -2,8 +2,8 @@
 Routing diagnostics: where the depth reads of one forward pass read from, in numbers.
 
 With model.record_routing = True, a forward pass of model.GPT keeps one record per route of every
-read (model.DepthRead.forward): its depth distribution averaged over the tokens, alpha (one share per
-source: 0 = the embedding, n = block n, then the partial) and its tokens' mean entropy. train.py logs
+read point (model.DepthRead.forward): its depth distribution averaged over the tokens, alpha (one share per
+source: 0 = the embedding, n = AttnRes block n, then the partial) and its tokens' mean entropy. train.py logs
 routing_summary() of the first validation batch at every evaluation; sample.py prints the records
 with source_labels(); compare.py tabulates and plots them.
 """
@@ -18,7 +18,7 @@ def entropy(p):
 
 
 def mean_depth(p):
-    """Expected source index: 0 = the embedding, n = block n (the partial counts as the next block)."""
+    """Expected source number: 0 = the embedding, n = AttnRes block n (the partial counts as the next one)."""
     return float((p.double() * torch.arange(p.numel(), dtype=torch.float64, device=p.device)).sum())
 
 
@@ -38,7 +38,7 @@ def source_labels(l, S, L):
 def routing_summary(routing):
     """Per attention sublayer: how far apart its two routes read (JS divergence), each route's entropy
     and mean depth, keyed by the route names: js_qk_v, entropy_qk, depth_v, ... for the modes that split
-    roles (a one-route mode reads V from its qk route: divergence 0), js_heads1_heads2, entropy_heads1,
+    roles (a one-route mode reads v from its qk route: divergence 0), js_heads1_heads2, entropy_heads1,
     ... for ctrl_heads."""
     attn_routes = {}   # layer -> its attention read's routes, in order
     for r in routing:
@@ -64,7 +64,7 @@ def routing_log(routing):
                             alpha=[round(a, 5) for a in r['alpha'].tolist()]) for r in routing])
 
 
-def record_routing(raw_model, x, y, ctx):
+def routing_of_batch(raw_model, x, y, ctx):
     """routing_log of one batch's reads, recorded on the plain module (raw_model): recording is Python work,
     kept out of the compiled graph."""
     raw_model.record_routing = True

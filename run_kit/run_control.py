@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from run_kit.common import H100_PEAK_FLOPS, fail
-from run_kit.run_files import CHECKPOINT, kept_checkpoint, record_divergence
+from run_kit.run_files import CHECKPOINT, EXIT_STOPPED, kept_checkpoint, record_divergence
 
 # Preemption: SIGTERM (what a scheduler sends before it kills a job, and what torchrun forwards to its
 # workers) and SIGUSR1 (SLURM's --signal) make every rank stop at the same log step and write a
@@ -46,9 +46,9 @@ def too_few_windows(cfg, train_tokens, val_tokens, train_short):
         return (f"train.bin holds {train_tokens} tokens, fewer than one step of {cfg['total_batch_size']}: prepare "
                 "more data or lower total_batch_size")
     if tokens and val_tokens > T:
-        return (f"eval_tokens={tokens} is less than one block of block_size={T} tokens: raise eval_tokens (0 = all "
+        return (f"eval_tokens={tokens} is less than one window's block_size={T} tokens: raise eval_tokens (0 = all "
                 f"of val.bin, {val_tokens:,} tokens)")
-    return (f"val.bin holds {val_tokens} tokens, fewer than one block of {T}: prepare more validation data or "
+    return (f"val.bin holds {val_tokens} tokens, fewer than one window of {T + 1}: prepare more validation data or "
             "lower block_size")
 
 
@@ -96,6 +96,12 @@ class StopSignals:
         for sig, handler in self.before.items():
             signal.signal(sig, handler)
 
+    def stopped_at(self, step, ckpt_path):
+        """What rank 0 says once the checkpoint of the stop at `step` is on disk, with how to continue."""
+        by = self.received[0] if self.received else 'a signal to another rank'
+        return (f"stopped by {by} at step {step}: checkpoint written to {ckpt_path}. To continue: the same command "
+                f"with --init_from=auto (or resume). Exit code {EXIT_STOPPED}.")
+
 
 # how a non-finite value is kept on the device (an int64 flag, so that the ranks can all-reduce it with MAX)
 NONFINITE = ('nan', 'inf', '-inf')
@@ -142,6 +148,12 @@ def stop_diverged(message, step, what, first_step, value, ckpt_path, master):
         except SystemExit as e:
             message += f" (The divergence could not be recorded in the log: {e})"
     fail(message, master)
+
+
+def stop_val_loss_diverged(val_loss, step, ckpt_path, master):
+    """Stop a run whose validation loss is not finite, without saving, recorded in the log as a divergence."""
+    stop_diverged(f"non-finite validation loss {val_loss} at step {step}: stopped without saving; "
+                  f"{kept_checkpoint(ckpt_path)}", step, 'validation loss', step, str(val_loss), ckpt_path, master)
 
 
 def should_stop(flags, step, ckpt_path, master):

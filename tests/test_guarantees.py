@@ -190,7 +190,9 @@ def test_a_full_disk_while_preparing_leaves_nothing_behind(tmp_path):
     cmd = [sys.executable, os.path.join(HERE, 'prepare.py'), '--input', str(tmp_path / 'a.jsonl'), '--name', 'x',
            '--data_dir', str(tmp_path / 'data'), '--num_proc', '1']
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=limit_file_size(20_000))
-    assert p.returncode != 0 and 'could not write the prepared data' in p.stderr and 'Traceback' not in p.stderr
+    from run_kit.common import EXIT_WRITE
+    assert p.returncode == EXIT_WRITE and 'could not write the prepared data' in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith('prepare.py: '), p.stderr
     assert not os.path.exists(tmp_path / 'data' / 'x')
     # a build killed mid-write leaves a .tmp: the next build removes it
     os.makedirs(tmp_path / 'data' / 'x')
@@ -208,7 +210,7 @@ def test_a_full_disk_while_preparing_leaves_nothing_behind(tmp_path):
     (['--n_head=3'], 'must be divisible by n_head=3'),
     (['--out_dir={resdual}'], '{resdual} is not a config key'),
     (['--device=cuda'], 'no CUDA GPU'),
-    (['--eval_tokens=8'], 'eval_tokens=8 is less than one block'),
+    (['--eval_tokens=8'], 'eval_tokens=8 is less than one window'),
     (['--init_from=resume'], "there is no"),
 ])
 def test_bad_invocations_are_messages_and_write_nothing(data_dir, tmp_path, args, message):

@@ -2,6 +2,7 @@
 their source before torch loads), and the README's comparison after the quickstart runs as written."""
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -395,3 +396,24 @@ def test_a_run_starts_through_one_door_not_a_walk_between_files(data_dir, tmp_pa
     resumed = run_kit_files_crossed(data_dir, out, '--lr_decay_iters=8', '--max_iters=8', '--init_from=resume')
     for stays in (scratch, resumed):
         assert len(stays) - 1 <= 10 and max(map(stays.count, stays)) <= 3, stays
+
+
+def test_the_readmes_results_are_the_committed_studys():
+    # the README's table of the CPU study, row by row, as compare.paired_stats gives it from the committed logs'
+    # final validation losses (float32: study/runs/main_fp32; the bf16 row: study/runs/main)
+    text = open(os.path.join(HERE, 'README.md'), encoding='utf-8').read().replace('−', '-')
+    rows = re.findall(r'^\| (\w+) - (\w+)( \(bf16\))? \| ([+-][\d.]+) \| \[([+-][\d.]+), ([+-][\d.]+)\] \| (\d+)/(\d+) \|$',
+                      text, re.M)
+    assert len(rows) == 4, rows
+
+    def final_val(folder):
+        losses = [r['val_loss'] for r in map(json.loads, open(os.path.join(folder, 'log.jsonl'))) if 'val_loss' in r]
+        return losses[-1]
+    for child, parent, bf16, mean, low, high, wins, n in rows:
+        runs = os.path.join(HERE, 'study', 'runs', 'main' if bf16 else 'main_fp32')
+        seeds = [s for s in range(1, 11) if all(os.path.isdir(os.path.join(runs, f'{m}_s{s}')) for m in (child, parent))]
+        deltas = [final_val(os.path.join(runs, f'{child}_s{s}')) - final_val(os.path.join(runs, f'{parent}_s{s}'))
+                  for s in seeds]
+        got = compare.paired_stats(deltas)
+        assert (f"{got['mean_delta']:+.4f}", f"{got['ci95'][0]:+.4f}", f"{got['ci95'][1]:+.4f}", got['wins'], got['n']) \
+            == (mean, low, high, int(wins), int(n)), (child, parent, got)

@@ -17,7 +17,7 @@ import compare
 from train import DIGEST_START
 from run_kit.run_files import divergence, load_checkpoint, save_checkpoint
 import train
-from helpers import HERE, python, read_log, run, run_here, sample_here
+from helpers import HERE, python, read_log, run, run_here, sample_here, train_here
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def load_config(path):
     ['baseline_120m', 'attnres_120m', 'rd_120m'],
     ['baseline_343m', 'attnres_343m', 'rd_343m'],
     ['attnres_120m_early', 'rd_120m_early', 'ctrl_params_120m_early', 'ctrl_dup_120m_early',
-     'ctrl_fixed_v_120m_early'],
+     'ctrl_fixed_v_120m_early', 'ctrl_heads_120m_early'],
 ])
 def test_config_files_of_a_group_differ_only_in_residual(group):
     configs = {name: load_config(os.path.join(HERE, 'config', name + '.py')) for name in group}
@@ -81,6 +81,38 @@ def test_paper_configs_follow_the_recipe():
             {'120m': (12, 768, 6e-4), '343m': (24, 1024, 3e-4)}[size]
         if 'early' not in path:   # 2.0B tokens
             assert abs(cfg['max_iters'] * cfg['total_batch_size'] - 2.0e9) < cfg['total_batch_size']
+        else:                     # the controls' early budget (docs/method.md): 0.5B tokens, 954 steps
+            assert cfg['max_iters'] == 954 and abs(cfg['max_iters'] * cfg['total_batch_size'] - 0.5e9) < 2 ** 19
+        # the rest of the recipe (docs/training.md, "Recipe"; the early budget's warmup: docs/method.md): warmup,
+        # cosine to 10%, AdamW's, the clip, bf16, compile
+        assert (cfg['warmup_iters'] == (100 if 'early' in path else 250), cfg['min_lr_ratio'], cfg['beta1'], cfg['beta2'], cfg['weight_decay'],
+                cfg['grad_clip'], cfg['compile']) == (True, 0.1, 0.9, 0.95, 0.1, 1.0, True), path
+        assert cfg['dtype'] in ('auto', 'bfloat16'), path
+
+
+def test_the_docs_parameter_counts_are_the_models():
+    # docs/training.md's counts of the paper shapes and the README's of the quickstart, as model.py counts them
+    # (built on the meta device: no memory, the same parameters)
+    import re
+    from model import GPT, GPTConfig
+    from run_kit.common import MODEL_KEYS
+
+    def count(name):
+        cfg = load_config(os.path.join(HERE, 'config', name + '.py'))
+        with torch.device('meta'):
+            return GPT(GPTConfig(**{k: cfg[k] for k in MODEL_KEYS})).get_num_params()
+    text = ' '.join(open(os.path.join(HERE, 'docs', 'training.md'), encoding='utf-8').read().split())
+    said = re.search(r'120m: standard ([\d,]+), attnres \+ ([\d,]+) .*?rd_attnres \+ ([\d,]+) more .*?343m: standard '
+                     r'([\d,]+), attnres \+ ([\d,]+), rd_attnres \+ ([\d,]+) more', text)
+    assert said, 'the parameter counts of docs/training.md, "Recipe"'
+    said = [int(n.replace(',', '')) for n in said.groups()]
+    for size, (std, attnres, rd) in (('120m', said[:3]), ('343m', said[3:])):
+        counts = [count(f'baseline_{size}'), count(f'attnres_{size}'), count(f'rd_{size}')]
+        assert counts == [std, std + attnres, std + attnres + rd], (size, counts)
+    method = ' '.join(open(os.path.join(HERE, 'docs', 'method.md'), encoding='utf-8').read().split())
+    assert f"have {said[0] / 1e6:.1f}M and {said[3] / 1e6:.1f}M (standard residual)" in method
+    readme = ' '.join(open(os.path.join(HERE, 'README.md'), encoding='utf-8').read().split())
+    assert f"{count('quickstart') / 1e6:.1f}M parameters, most of them the tied embedding" in readme
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +313,22 @@ def test_divergence_after_a_checkpoint_keeps_that_checkpoint(data_dir, tmp_path)
     assert divergence(out) == dict(step=4, what='training loss', first_step=3, value='nan')   # recorded: a result
     kept = torch.load(path, weights_only=False)
     assert kept['step'] == 2 and all(torch.isfinite(v).all() for v in kept['model'].values())
+
+
+def test_a_non_finite_validation_loss_stops_the_run_recorded_and_keeps_the_last_checkpoint(data_dir, tmp_path,
+                                                                                             monkeypatch):
+    out, real, losses = str(tmp_path / 'run'), train.evaluate, []
+
+    def evaluate(*args):   # the evaluation at step 4 (the third: steps 0, 2, 4) comes out NaN
+        loss, routing = real(*args)
+        losses.append(loss)
+        return (float('nan') if len(losses) == 3 else loss), routing
+    monkeypatch.setattr(train, 'evaluate', evaluate)
+    with pytest.raises(SystemExit) as stopped:
+        train_here(data_dir, out, '--max_iters=6', '--eval_interval=2', '--lr_decay_iters=6')
+    assert 'non-finite validation loss nan at step 4: stopped without saving' in str(stopped.value), stopped.value
+    assert divergence(out) == dict(step=4, what='validation loss', first_step=4, value='nan')   # a result, for study.py
+    assert load_checkpoint(os.path.join(out, 'ckpt.pt'))['step'] == 2
 
 
 def test_missing_data_says_which_prepare_command_to_run(tmp_path):
