@@ -72,7 +72,7 @@ block_size = 1024
 n_layer = 12
 n_head = 12
 n_embd = 768
-residual = 'rd_attnres'      # (GPTConfig's default is 'standard'; a run's, the method's)
+residual = 'rd_attnres'     # the method (GPTConfig's own default: 'standard')
 attnres_block_size = 4
 depth_read = 'plain'        # how the reads are computed: 'two_phase', 'fused' per AttnRes block, the same values
 # optimizer: AdamW, linear warmup then cosine decay to min_lr_ratio * learning_rate

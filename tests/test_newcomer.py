@@ -2,7 +2,6 @@
 their source before torch loads), and the README's comparison after the quickstart runs as written."""
 
 import glob
-import json
 import os
 import re
 import shlex
@@ -408,9 +407,10 @@ def test_the_readmes_results_are_the_committed_studys():
                       text, re.M)
     assert len(rows) == 4, rows
 
+    from run_kit.run_files import LOG, read_log
+
     def final_val(folder):
-        losses = [r['val_loss'] for r in map(json.loads, open(os.path.join(folder, 'log.jsonl'))) if 'val_loss' in r]
-        return losses[-1]
+        return [r['val_loss'] for r in read_log(os.path.join(folder, LOG)) if 'val_loss' in r][-1]
     for child, parent, bf16, mean, low, high, wins, n in rows:
         runs = os.path.join(HERE, 'study', 'runs', 'main' if bf16 else 'main_fp32')
         seeds = [s for s in range(1, 11) if all(os.path.isdir(os.path.join(runs, f'{m}_s{s}')) for m in (child, parent))]
